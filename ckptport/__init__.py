@@ -1,0 +1,48 @@
+"""ckptport: make PyTorch checkpoints portable.
+
+``read`` a checkpoint without running code from it, ``normalize`` it with
+named rules, ``write`` a ``.pth`` or ``.safetensors`` that loads anywhere;
+``convert`` does all three and verifies. Importing ckptport does not import
+torch; the first call that needs tensors does.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .checkpoint import Checkpoint, Format, SourceFacts
+from .convert import ConvertReport, convert
+from .errors import (
+    CkptportError,
+    InputError,
+    OutputError,
+    RuleError,
+    SelectionError,
+    UnsafeCheckpointError,
+    VerificationError,
+)
+from .readers import read
+from .rules import Normalized, NormalizeOptions, RuleResult, normalize
+from .writers import WriteResult, write
+
+__all__ = [
+    "__version__",
+    "Checkpoint",
+    "CkptportError",
+    "ConvertReport",
+    "Format",
+    "InputError",
+    "NormalizeOptions",
+    "Normalized",
+    "OutputError",
+    "RuleError",
+    "RuleResult",
+    "SelectionError",
+    "SourceFacts",
+    "UnsafeCheckpointError",
+    "VerificationError",
+    "WriteResult",
+    "convert",
+    "normalize",
+    "read",
+    "write",
+]

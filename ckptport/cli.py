@@ -1,0 +1,159 @@
+"""The ``ckptport`` command: parse options, call the library, print, exit.
+
+Errors are turned into one stderr line and an exit code in one place
+(``_Group.invoke``). torch is imported only by commands that need it, so
+``ckptport --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from ._version import __version__
+from .errors import EXIT_ERROR, CkptportError
+from .progress import Progress, no_progress
+from .rules import CAST_CHOICES, NormalizeOptions
+from .writers import ANCHOR_PATTERN, OutputFormat
+
+__all__ = ["main", "cli"]
+
+EXIT_INTERRUPTED = 130
+
+
+class Terminated(BaseException):
+    """SIGTERM as an exception, so cleanup (temp files) runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> NoReturn:
+    raise Terminated()
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = os.environ.get("CKPTPORT_DEBUG") == "1"
+        with contextlib.suppress(ValueError):  # not in the main thread
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return super().invoke(ctx)
+        except CkptportError as exc:
+            _fail(ctx, exc.line(), exc.exit_code, debug)
+        except (KeyboardInterrupt, Terminated):
+            _fail(ctx, "interrupted; nothing was written", EXIT_INTERRUPTED, debug)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:  # a bug: still one line and a failing exit code
+            _fail(ctx, f"internal error: {type(exc).__name__}: {exc} "
+                  "(set CKPTPORT_DEBUG=1 for the traceback and report it)", EXIT_ERROR, debug)
+
+
+def _fail(ctx: click.Context, line: str, code: int, debug: bool) -> NoReturn:
+    if debug:
+        traceback.print_exc()
+    click.echo(f"ckptport: error: {line}", err=True)
+    ctx.exit(code)
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool) -> Iterator[Progress]:
+    """tqdm bars on stderr, only on a terminal and without ``-q``."""
+    if quiet or not sys.stderr.isatty():
+        yield no_progress
+        return
+    from tqdm import tqdm
+
+    bars: list[Any] = []
+
+    def start(description: str, total: int) -> Callable[[int], None]:
+        bar = tqdm(total=total, desc=description, unit="B", unit_scale=True,
+                   unit_divisor=1024, file=sys.stderr, leave=False)
+        bars.append(bar)
+        return bar.update
+
+    try:
+        yield start
+    finally:
+        for bar in bars:
+            bar.close()
+
+
+def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that decide what a checkpoint normalizes to (shared by commands)."""
+    options = [
+        click.option("--select", default="auto", show_default=True, metavar="auto|all|KEY[.KEY…]",
+                     help="What to keep: the model weights (auto), everything (all), or a key."),
+        click.option("--ema", is_flag=True, help="Prefer EMA weights (timm and mmengine layouts)."),
+        click.option("--strip-prefix", "strip_prefix", multiple=True, metavar="PREFIX",
+                     help="Also strip this key prefix (e.g. Lightning's 'model.'). Repeatable."),
+        click.option("--keep-prefixes", is_flag=True,
+                     help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
+        click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
+                     show_default=True, help="Cast floating-point tensors."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not re.fullmatch(ANCHOR_PATTERN, value):
+        raise click.BadParameter("must be 'cpu' or 'cuda:N'")
+    return value
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckptport")
+def cli() -> None:
+    """Make PyTorch checkpoints portable: read without running code, normalize,
+    write .pth or .safetensors that load anywhere, bit-identical.
+
+    Exit codes: 0 ok, 1 differences or findings, 2 usage or input error.
+    """
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", type=click.Choice([f.value for f in OutputFormat]),
+              help="Output format (default: from DST's extension).")
+@_normalize_options
+@click.option("--anchor", default="cpu", show_default=True, callback=_anchor,
+              help="Device the .pth records for its storages: cpu or cuda:N (no GPU needed).")
+@click.option("--trust", is_flag=True, help=(
+              "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Re-read DST and compare every tensor bit for bit.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.option("--format", "report_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Report format on stdout.")
+def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
+              strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
+              trust: bool, overwrite: bool, verify: bool, quiet: bool,
+              report_format: str) -> None:
+    """Read SRC, normalize it, write DST (.pth, .pt, .bin or .safetensors), verify it."""
+    from .convert import convert
+    from .render import formatter
+
+    if trust:
+        click.echo(f"ckptport: warning: --trust: {src} is unpickled with full Python; "
+                   "any code in it runs", err=True)
+    options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
+                               keep_prefixes=keep_prefixes, dtype=dtype)
+    with _progress(quiet) as progress:
+        report = convert(src, dst, options, to=to, anchor=anchor, overwrite=overwrite,
+                         verify=verify, trust=trust, progress=progress)
+    click.echo(formatter(report_format).convert(report))
+
+
+def main() -> None:
+    cli(prog_name="ckptport")

@@ -1,0 +1,76 @@
+"""The one exception family of ckptport.
+
+Every failure caused by the input, the options or the output location is a
+``CkptportError``. The CLI catches the base class in one place and turns it
+into a single line on stderr and an exit code, so a CI job never sees a
+traceback for a bad file and never sees exit 0 for a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FINDINGS",
+    "EXIT_ERROR",
+    "CkptportError",
+    "InputError",
+    "UnsafeCheckpointError",
+    "SelectionError",
+    "RuleError",
+    "OutputError",
+    "VerificationError",
+]
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+
+class CkptportError(Exception):
+    """Base of every error ckptport raises on bad input, options or output.
+
+    ``path`` names the file the error is about, so the one-line message
+    always says which file to look at.
+    """
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.message = message
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        """The single line shown to the user."""
+        text = " ".join(self.message.split())
+        return f"{self.path}: {text}" if self.path else text
+
+
+class InputError(CkptportError):
+    """The source cannot be read: missing, corrupt, truncated, unrecognized."""
+
+
+class UnsafeCheckpointError(InputError):
+    """The source needs globals that ckptport will not run without ``--trust``."""
+
+    def __init__(self, path: str | os.PathLike[str], globals_: tuple[str, ...], why: str) -> None:
+        self.globals = globals_
+        super().__init__(why, path)
+
+
+class SelectionError(CkptportError):
+    """``--select`` names something the checkpoint does not hold."""
+
+
+class RuleError(CkptportError):
+    """A normalize rule cannot apply without losing data (e.g. two keys collide)."""
+
+
+class OutputError(CkptportError):
+    """The destination cannot be written: exists, is the source, disk full."""
+
+
+class VerificationError(CkptportError):
+    """The written file does not read back as what was meant to be written."""

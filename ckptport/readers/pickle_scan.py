@@ -1,0 +1,39 @@
+"""List the globals a pickle refers to, without unpickling it.
+
+``pickletools.genops`` walks opcodes only; nothing is imported or called.
+The result is a report ("this file needs argparse.Namespace"), not a
+security boundary: the boundary is the weights-only unpickler.
+"""
+
+from __future__ import annotations
+
+import pickletools
+from typing import IO
+
+__all__ = ["scan_globals"]
+
+_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING",
+               "BINSTRING", "SHORT_BINSTRING"}
+
+
+def scan_globals(stream: IO[bytes], pickles: int = 1) -> tuple[str, ...]:
+    """Qualified names of GLOBAL / STACK_GLOBAL in ``pickles`` consecutive pickles."""
+    found: dict[str, None] = {}
+    for _ in range(pickles):
+        strings: list[str] = []
+        memo: dict[int, str] = {}
+        for opcode, arg, _pos in pickletools.genops(stream):
+            name = opcode.name
+            if name in _STRING_OPS and isinstance(arg, (str, bytes)):
+                strings.append(arg if isinstance(arg, str) else arg.decode("latin-1"))
+            elif name == "MEMOIZE" and strings:
+                memo[len(memo)] = strings[-1]
+            elif name in {"PUT", "BINPUT", "LONG_BINPUT"} and strings:
+                memo[int(arg)] = strings[-1]
+            elif name in {"GET", "BINGET", "LONG_BINGET"} and int(arg) in memo:
+                strings.append(memo[int(arg)])
+            elif name == "GLOBAL" and isinstance(arg, str):
+                found[arg.replace(" ", ".")] = None
+            elif name == "STACK_GLOBAL" and len(strings) >= 2:
+                found[f"{strings[-2]}.{strings[-1]}"] = None
+    return tuple(found)

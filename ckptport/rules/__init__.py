@@ -1,0 +1,72 @@
+"""Normalize rules: small named transforms, each returning what it changed.
+
+The order matters and is fixed: pick the weights first (so later rules see
+only what will be written), turn objects into plain data, strip wrapper
+prefixes, cast, then compact storages (which must see the final tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checkpoint import Checkpoint
+from .base import Change, Rule, RuleResult
+from .device import MapToCPU
+from .objects import ConvertObjects
+from .prefixes import StripPrefixes, strip_key
+from .select import Select, is_state_dict
+from .tensors import CAST_CHOICES, CastDtype, CompactTensors
+
+__all__ = [
+    "NormalizeOptions",
+    "Normalized",
+    "normalize",
+    "build_rules",
+    "Change",
+    "Rule",
+    "RuleResult",
+    "CAST_CHOICES",
+    "strip_key",
+    "is_state_dict",
+]
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    """The options ``normalize`` and ``diff`` share (see ``ckptport normalize --help``)."""
+
+    select: str = "auto"
+    ema: bool = False
+    strip_prefixes: tuple[str, ...] = ()
+    keep_prefixes: bool = False
+    dtype: str = "keep"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in CAST_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(CAST_CHOICES)}, not {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class Normalized:
+    checkpoint: Checkpoint
+    results: tuple[RuleResult, ...]
+
+
+def build_rules(options: NormalizeOptions) -> list[Rule]:
+    return [
+        Select(options.select, options.ema),
+        MapToCPU(),
+        ConvertObjects(),
+        StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes),
+        CastDtype(options.dtype),
+        CompactTensors(),
+    ]
+
+
+def normalize(checkpoint: Checkpoint, options: NormalizeOptions | None = None) -> Normalized:
+    """Apply every rule in order; the source checkpoint is left as it was."""
+    results = []
+    for rule in build_rules(options or NormalizeOptions()):
+        checkpoint, result = rule(checkpoint)
+        results.append(result)
+    return Normalized(checkpoint, tuple(results))

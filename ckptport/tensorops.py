@@ -1,0 +1,61 @@
+"""Small tensor facts shared by rules, writers, verification and diff."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ViewKey", "view_key", "storage_key", "is_compact", "as_bytes", "bits_equal",
+           "human_bytes"]
+
+ViewKey = tuple[int, int, tuple[int, ...], tuple[int, ...], str]
+
+
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """Identity of the storage behind ``tensor``; None for empty storages."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+def view_key(tensor: torch.Tensor) -> ViewKey | None:
+    """Identity of the exact view: two tensors with equal keys are one tensor (tied)."""
+    storage = storage_key(tensor)
+    if storage is None:
+        return None
+    return (storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+            str(tensor.dtype))
+
+
+def is_compact(tensor: torch.Tensor) -> bool:
+    """True when the storage holds exactly this tensor's bytes, in order."""
+    return (
+        tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor's bytes (no copy)."""
+    import torch
+
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes: NaN payloads and -0.0 included."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    import torch
+
+    return bool(torch.equal(as_bytes(a.contiguous()), as_bytes(b.contiguous())))
+
+
+def human_bytes(n: int | float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,125 @@
+"""Writers: torch ``.pth`` and ``.safetensors``, written atomically and verified.
+
+``write`` picks the format from the destination's extension (or ``fmt``),
+writes into a temp file beside the destination, fsyncs it, reads it back
+and compares every tensor bit for bit with what was meant to be written,
+and only then moves it into place.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint, iter_tensors
+from ..errors import OutputError
+from ..progress import Progress, no_progress
+from .atomic import atomic_file
+from .verify import verify_pth, verify_safetensors
+
+__all__ = ["OutputFormat", "WriteResult", "write", "output_format", "ANCHOR_PATTERN"]
+
+ANCHOR_PATTERN = r"cpu|cuda:\d+"
+
+
+class OutputFormat(str, enum.Enum):
+    PTH = "pth"
+    SAFETENSORS = "safetensors"
+
+
+_EXTENSIONS = {".pth": OutputFormat.PTH, ".pt": OutputFormat.PTH, ".bin": OutputFormat.PTH,
+               ".ckpt": OutputFormat.PTH, ".safetensors": OutputFormat.SAFETENSORS}
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    path: Path
+    format: OutputFormat
+    tensors: int
+    bytes: int
+    verified: bool
+
+
+def output_format(dst: Path, requested: str | None) -> OutputFormat:
+    if requested:
+        return OutputFormat(requested)
+    try:
+        return _EXTENSIONS[dst.suffix.lower()]
+    except KeyError:
+        known = ", ".join(_EXTENSIONS)
+        raise OutputError(f"cannot tell the output format from the extension "
+                          f"{dst.suffix or '(none)'!r} (known: {known}); pass --to", dst) from None
+
+
+def write(
+    checkpoint: Checkpoint,
+    dst: str | os.PathLike[str],
+    *,
+    fmt: str | None = None,
+    anchor: str = "cpu",
+    overwrite: bool = False,
+    verify: bool = True,
+    metadata: Mapping[str, str] | None = None,
+    progress: Progress = no_progress,
+) -> WriteResult:
+    """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified."""
+    path = Path(dst)
+    kind = output_format(path, fmt)
+    check_destination(checkpoint.source.path, path, overwrite)
+    tree = checkpoint.tree
+    total = _unique_bytes(tree)
+    try:
+        with atomic_file(path, overwrite=overwrite) as out:
+            if kind is OutputFormat.PTH:
+                from .pth import write_pth
+
+                write_pth(tree, out.file, anchor, progress(f"writing {path.name}", total))
+                out.sync()
+                if verify:
+                    verify_pth(out.tmp, tree, anchor, progress(f"verifying {path.name}", total))
+            else:
+                from .safetensors import plan_safetensors, write_safetensors
+
+                plan = plan_safetensors(tree, dict(metadata or {}), path)
+                write_safetensors(plan, out.file, progress(f"writing {path.name}", total))
+                out.sync()
+                if verify:
+                    verify_safetensors(out.tmp, plan, tree,
+                                       progress(f"verifying {path.name}", total))
+            out.publish()
+    except OSError as exc:
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
+    return WriteResult(path, kind, sum(1 for _ in iter_tensors(tree)), total, verify)
+
+
+def check_destination(source: Path, dst: Path, overwrite: bool) -> None:
+    """Refuse a destination that is the source (under any spelling) or already exists."""
+    if dst.is_dir():
+        raise OutputError("is a directory; name an output file", dst)
+    if dst.exists() or dst.is_symlink():
+        if _same_file(source, dst):
+            raise OutputError(f"is the source file {source}; write somewhere else", dst)
+        if not overwrite:
+            raise OutputError("exists; pass --overwrite to replace it", dst)
+    elif os.path.realpath(dst) == os.path.realpath(source):
+        raise OutputError(f"is the source file {source}; write somewhere else", dst)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _unique_bytes(tree: Any) -> int:
+    from ..tensorops import view_key
+
+    seen: dict[Any, int] = {}
+    for _, tensor in iter_tensors(tree):
+        seen[view_key(tensor) or id(tensor)] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())

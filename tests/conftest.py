@@ -1,0 +1,32 @@
+"""Fixtures are generated once per test session by ``fixtures/make_fixtures.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from ckptport.cli import cli
+from fixtures.make_fixtures import build
+
+
+@pytest.fixture(scope="session")
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file the malicious fixtures' payload would create; it must never exist."""
+    return tmp_path_factory.mktemp("sentinel") / "PWNED"
+
+
+@pytest.fixture(scope="session")
+def fx(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Path]:
+    return build(tmp_path_factory.mktemp("fixtures"), sentinel)
+
+
+@pytest.fixture
+def run():
+    """Invoke the CLI in-process; stdout and stderr kept apart."""
+
+    def invoke(*args: object) -> Result:
+        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke
