@@ -11,6 +11,7 @@ import enum
 from typing import Protocol
 
 from ..convert import ConvertReport
+from ..diff import DiffReport
 
 __all__ = ["ReportFormat", "Formatter", "formatter"]
 
@@ -18,18 +19,25 @@ __all__ = ["ReportFormat", "Formatter", "formatter"]
 class ReportFormat(str, enum.Enum):
     TEXT = "text"
     JSON = "json"
+    MARKDOWN = "markdown"
 
 
 class Formatter(Protocol):
     def convert(self, report: ConvertReport) -> str: ...
 
+    def diff(self, report: DiffReport, limit: int | None = None) -> str:
+        """``limit``: rows per section in human formats; json always lists all."""
+        ...
+
 
 def formatter(fmt: ReportFormat | str) -> Formatter:
     from .json import JsonFormatter
+    from .markdown import MarkdownFormatter
     from .text import TextFormatter
 
     formatters: dict[ReportFormat, Formatter] = {
         ReportFormat.TEXT: TextFormatter(),
         ReportFormat.JSON: JsonFormatter(),
+        ReportFormat.MARKDOWN: MarkdownFormatter(),
     }
     return formatters[ReportFormat(fmt)]

@@ -72,8 +72,9 @@ def atomic_file(dst: Path, *, overwrite: bool) -> Iterator[AtomicFile]:
     try:
         yield AtomicFile(dst, file, tmp, overwrite)
     except BaseException:
-        file.close()
         tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # flushing a full disk fails again
+            file.close()
         raise
     file.close()
     tmp.unlink(missing_ok=True)

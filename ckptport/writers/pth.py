@@ -45,13 +45,22 @@ def anchored(anchor: str) -> Iterator[None]:
 
 
 class _Counting:
-    """A write-only file wrapper that reports bytes written, for the progress bar."""
+    """A write-only file wrapper that reports bytes written, for the progress bar.
+
+    torch's zip writer turns an ``OSError`` from ``write`` (disk full) into
+    an opaque ``RuntimeError``; the wrapper keeps the real cause.
+    """
 
     def __init__(self, file: BinaryIO, advance: Callable[[int], None]) -> None:
         self._file, self._advance = file, advance
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
-        written = self._file.write(data)
+        try:
+            written = self._file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
         self._advance(len(memoryview(data)))
         return written
 
@@ -62,5 +71,11 @@ class _Counting:
 def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None]) -> None:
     import torch
 
+    counting = _Counting(file, advance)
     with anchored(anchor):
-        torch.save(tree, _Counting(file, advance))  # type: ignore[arg-type]
+        try:
+            torch.save(tree, counting)  # type: ignore[arg-type]
+        except RuntimeError:
+            if counting.error is not None:
+                raise counting.error from None
+            raise

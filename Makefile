@@ -1,0 +1,35 @@
+# Two commands on a fresh machine (Python >= 3.10 and make):
+#   make demo   normalize the shipped GPU-saved DDP checkpoint and load it on CPU
+#   make test   run the test suite
+# torch is pinned to the 2.13.0 CPU build for the demo and tests. Where pip's
+# default index would hand out a CUDA build, point it at the CPU wheels:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_INDEX ?=
+OUT := build/demo
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	mkdir -p $(OUT)
+	$(VENV)/bin/ckptport normalize fixtures/ddp_cuda3.pth $(OUT)/model.pth --overwrite -q
+	$(VENV)/bin/ckptport normalize fixtures/ddp_cuda3.pth $(OUT)/model.safetensors --overwrite -q
+	$(PY) -m examples.load_clean fixtures/ddp_cuda3.pth $(OUT)/model.pth $(OUT)/model.safetensors
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check ckptport tests fixtures bench examples
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build bench/out

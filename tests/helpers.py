@@ -1,0 +1,32 @@
+"""Assertions shared by the test modules: real outcomes, loaded back with public APIs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_output(path: Path) -> dict[str, torch.Tensor]:
+    """What a user on a CPU-only machine gets: no map_location, no allow-list."""
+    if path.suffix == ".safetensors":
+        return load_file(path)
+    return torch.load(path, weights_only=True)
+
+
+def load_trusted(path: Path) -> Any:
+    """Our own fixture, unpickled fully to get the ground truth (never on untrusted files)."""
+    return torch.load(path, weights_only=False, map_location="cpu")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                            b.contiguous().reshape(-1).view(torch.uint8)))
