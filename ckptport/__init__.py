@@ -11,6 +11,15 @@ from __future__ import annotations
 from ._version import __version__
 from .checkpoint import Checkpoint, Format, SourceFacts
 from .convert import ConvertReport, convert
+from .diff import (
+    DiffReport,
+    DtypeMismatch,
+    LeafMismatch,
+    ShapeMismatch,
+    TensorDelta,
+    Tolerance,
+    diff,
+)
 from .errors import (
     CkptportError,
     InputError,
@@ -29,19 +38,26 @@ __all__ = [
     "Checkpoint",
     "CkptportError",
     "ConvertReport",
+    "DiffReport",
+    "DtypeMismatch",
     "Format",
     "InputError",
+    "LeafMismatch",
     "NormalizeOptions",
     "Normalized",
     "OutputError",
     "RuleError",
     "RuleResult",
     "SelectionError",
+    "ShapeMismatch",
     "SourceFacts",
+    "TensorDelta",
+    "Tolerance",
     "UnsafeCheckpointError",
     "VerificationError",
     "WriteResult",
     "convert",
+    "diff",
     "normalize",
     "read",
     "write",

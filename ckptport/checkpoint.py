@@ -42,6 +42,8 @@ class Format(str, enum.Enum):
     TORCH_ZIP = "torch-zip"
     TORCH_LEGACY = "torch-legacy"
     SAFETENSORS = "safetensors"
+    TORCH_SHARDS = "torch-shards"
+    SAFETENSORS_SHARDS = "safetensors-shards"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class SourceFacts:
     (``cuda:3``), although every tensor in the tree lives on the CPU.
     ``globals`` are the importable names the pickle refers to;
     ``shared_storages`` groups tree paths whose tensors share one storage.
+    ``files`` are every file the checkpoint's bytes come from (a shard set's
+    index and shards), in the order they are hashed.
     """
 
     path: Path
@@ -62,6 +66,11 @@ class SourceFacts:
     shared_storages: tuple[tuple[str, ...], ...] = ()
     metadata: Mapping[str, str] = field(default_factory=dict)
     trusted: bool = False
+    files: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.files:  # a single-file source is its own content
+            object.__setattr__(self, "files", (self.path,))
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,15 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from .writers.shards import parse_size
+
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
     if not re.fullmatch(ANCHOR_PATTERN, value):
         raise click.BadParameter("must be 'cpu' or 'cuda:N'")
@@ -130,6 +139,10 @@ def cli() -> None:
               help="Device the .pth records for its storages: cpu or cuda:N (no GPU needed).")
 @click.option("--trust", is_flag=True, help=(
               "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
+@click.option("--max-shard-size", callback=_size, metavar="SIZE",
+              help="Write a Hugging Face shard set into the folder DST, shards of at most SIZE "
+                   "(5GB, 500MB: decimal units as the hub; 2GiB binary). A folder DST alone "
+                   "shards at 5GB.")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Re-read DST and compare every tensor bit for bit.")
@@ -138,9 +151,12 @@ def cli() -> None:
               show_default=True, help="Report format on stdout.")
 def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
               strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
-              trust: bool, overwrite: bool, verify: bool, quiet: bool,
-              report_format: str) -> None:
-    """Read SRC, normalize it, write DST (.pth, .pt, .bin or .safetensors), verify it."""
+              trust: bool, max_shard_size: int | None, overwrite: bool, verify: bool,
+              quiet: bool, report_format: str) -> None:
+    """Read SRC, normalize it, write DST (.pth, .pt, .bin or .safetensors), verify it.
+
+    SRC may also be a shard set: its *.index.json or the folder holding it.
+    A folder DST (or --max-shard-size) writes a shard set."""
     from .convert import convert
     from .render import formatter
 
@@ -151,8 +167,52 @@ def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
                                keep_prefixes=keep_prefixes, dtype=dtype)
     with _progress(quiet) as progress:
         report = convert(src, dst, options, to=to, anchor=anchor, overwrite=overwrite,
-                         verify=verify, trust=trust, progress=progress)
+                         verify=verify, trust=trust, max_shard_size=max_shard_size,
+                         progress=progress)
     click.echo(formatter(report_format).convert(report))
+
+
+@cli.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@_normalize_options
+@click.option("--raw", is_flag=True, help="Compare as stored: no normalize rules on either side.")
+@click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Absolute tolerance.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Relative tolerance, relative to A: |a-b| <= atol + rtol*|a|.")
+@click.option("--cast", is_flag=True,
+              help="Compare tensors of different dtypes by value instead of failing.")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Rows per table in text and markdown (json lists all).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.option("--format", "report_format", type=click.Choice(["text", "json", "markdown"]),
+              default="text", show_default=True, help="Report format on stdout.")
+@click.pass_context
+def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
+         strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, raw: bool, atol: float,
+         rtol: float, cast: bool, limit: int, quiet: bool, report_format: str) -> None:
+    """Compare checkpoints A and B (any formats), both normalized alike first.
+
+    Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
+    A dtype change is a difference unless --cast. Exit 0 equal, 1 different,
+    2 unreadable input.
+    """
+    from .diff import diff as diff_checkpoints
+    from .errors import EXIT_FINDINGS
+    from .render import formatter
+
+    options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
+                               keep_prefixes=keep_prefixes, dtype=dtype)
+    if raw and options != NormalizeOptions():
+        raise click.UsageError("--raw compares as stored; it cannot be combined with "
+                               "--select, --ema, --strip-prefix, --keep-prefixes or --dtype")
+    with _progress(quiet) as progress:
+        report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
+                                  options=None if raw else options, raw=raw, progress=progress)
+    click.echo(formatter(report_format).diff(report, limit))
+    if not report.equal:
+        ctx.exit(EXIT_FINDINGS)
 
 
 def main() -> None:

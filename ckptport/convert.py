@@ -13,17 +13,20 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .checkpoint import SourceFacts
 from .errors import InputError
 from .progress import Progress, no_progress
-from .readers import read
+from .readers import read, resolve
 from .rules import NormalizeOptions, RuleResult, normalize
-from .writers import WriteResult, check_destination, output_format, write
+from .writers import OutputFormat, WriteResult, check_destination, output_format, write
+from .writers.shards import write_shards
 
-__all__ = ["ConvertReport", "convert", "sha256_file"]
+__all__ = ["ConvertReport", "convert", "sha256_files"]
 
 _CHUNK = 1 << 22
+DEFAULT_SHARD_SIZE = 5 * 10**9  # the hub's default
 
 
 @dataclass(frozen=True)
@@ -34,15 +37,21 @@ class ConvertReport:
     output: WriteResult
 
 
-def sha256_file(path: Path) -> str:
+def sha256_files(paths: tuple[Path, ...]) -> str:
+    """sha256 of the files' bytes in order (a shard set: its index, then its shards)."""
     digest = hashlib.sha256()
+    for path in paths:
+        _hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def _hash_into(digest: Any, path: Path) -> None:
     try:
         with path.open("rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    return digest.hexdigest()
 
 
 def convert(
@@ -55,19 +64,31 @@ def convert(
     overwrite: bool = False,
     verify: bool = True,
     trust: bool = False,
+    max_shard_size: int | None = None,
     progress: Progress = no_progress,
 ) -> ConvertReport:
-    source, target = Path(src), Path(dst)
-    output_format(target, to)  # fail on a bad extension before reading gigabytes
-    check_destination(source, target, overwrite)
+    """Normalize ``src`` into ``dst``: a file, or a shard set when ``dst`` is a folder
+    (an existing one, or a path ending in a separator) or ``max_shard_size`` is given."""
+    target = Path(dst)
+    sharded = max_shard_size is not None or target.is_dir() or str(dst).endswith(os.sep)
+    source, files = resolve(src)
+    if sharded:
+        kind = OutputFormat(to or OutputFormat.SAFETENSORS.value)
+    else:
+        kind = output_format(target, to)  # fail on a bad extension before reading gigabytes
+        check_destination(files, target, overwrite)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        digest = pool.submit(sha256_file, source)
+        digest = pool.submit(sha256_files, files)
         checkpoint = read(source, trust=trust)
         normalized = normalize(checkpoint, options)
         sha256 = digest.result()
-    metadata = _provenance(sha256, normalized.results)
-    written = write(normalized.checkpoint, target, fmt=to, anchor=anchor, overwrite=overwrite,
-                    verify=verify, metadata=metadata, progress=progress)
+    common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
+              "metadata": _provenance(sha256, normalized.results), "progress": progress}
+    if sharded:
+        written = write_shards(normalized.checkpoint, target, kind=kind,
+                               max_shard_size=max_shard_size or DEFAULT_SHARD_SIZE, **common)
+    else:
+        written = write(normalized.checkpoint, target, fmt=kind.value, **common)
     return ConvertReport(checkpoint.source, sha256, normalized.results, written)
 
 

@@ -1,7 +1,8 @@
 """Readers: one per container format, each producing a ``Checkpoint``.
 
-``read`` recognizes the container from the file's bytes and dispatches. No
-reader executes code from the file unless the caller passes ``trust=True``.
+``read`` recognizes the container from the file's bytes (a folder or
+``*.index.json`` is a shard set) and dispatches. No reader executes code
+from the file unless the caller passes ``trust=True``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,38 @@ from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from .sniff import sniff
 
-__all__ = ["read"]
+__all__ = ["read", "read_file", "resolve"]
+
+
+def resolve(path: str | os.PathLike[str]) -> tuple[Path, tuple[Path, ...]]:
+    """The file to read (a folder's shard index) and every file its bytes come from."""
+    source = Path(path)
+    if source.is_dir():
+        from .shards import find_index
+
+        index = find_index(source)
+        if index is None:
+            raise InputError("is a directory with no *.index.json shard index", source)
+        source = index
+    if source.name.endswith(".index.json"):
+        from .shards import shard_files
+
+        return source, (source, *shard_files(source)[2])
+    return source, (source,)
 
 
 def read(path: str | os.PathLike[str], *, trust: bool = False) -> Checkpoint:
     """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
-    source = Path(path)
+    source, _ = resolve(path)
+    if source.name.endswith(".index.json"):
+        from .shards import read_shards
+
+        return read_shards(source, trust=trust)
+    return read_file(source, trust=trust)
+
+
+def read_file(source: Path, *, trust: bool = False) -> Checkpoint:
+    """Read one checkpoint file."""
     fmt = sniff(source)
     if fmt is Format.SAFETENSORS:
         from .safetensors import read_safetensors

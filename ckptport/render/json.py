@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
 from ..convert import ConvertReport
+from ..diff import DiffReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 
@@ -44,3 +46,25 @@ class JsonFormatter:
             "output": jsonable(report.output),
         }
         return json.dumps(doc, indent=2)
+
+    def diff(self, report: DiffReport, limit: int | None = None) -> str:
+        """Every difference, never limited; ``inf``/``nan`` as strings to stay strict JSON."""
+        doc = {
+            "ckptport": __version__,
+            "command": "diff",
+            "equal": report.equal,
+            "summary": report.summary(),
+            "tensors_differing": report.tensors_differing,
+            **jsonable(report),
+        }
+        return json.dumps(_strict(doc), indent=2, allow_nan=False)
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value

@@ -22,6 +22,7 @@ class MapToCPU:
         moved = {loc: n for loc, n in checkpoint.source.storage_locations.items() if loc != "cpu"}
         changes = tuple(Change(loc, "mapped", f"{n} storages -> cpu")
                         for loc, n in moved.items())
-        summary = ", ".join(f"{n} storages {loc} -> cpu" for loc, n in moved.items()) if changes else "all storages on cpu"
+        summary = ", ".join(f"{n} storages {loc} -> cpu" for loc, n in moved.items())
+        summary = summary or "all storages on cpu"
         return checkpoint, RuleResult(self.name, changes, summary,
                                       {"recorded": dict(checkpoint.source.storage_locations)})

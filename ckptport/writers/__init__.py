@@ -18,10 +18,11 @@ from typing import Any
 from ..checkpoint import Checkpoint, iter_tensors
 from ..errors import OutputError
 from ..progress import Progress, no_progress
-from .atomic import atomic_file
+from .atomic import AtomicFile, atomic_file
 from .verify import verify_pth, verify_safetensors
 
-__all__ = ["OutputFormat", "WriteResult", "write", "output_format", "ANCHOR_PATTERN"]
+__all__ = ["OutputFormat", "WriteResult", "write", "emit", "output_format", "check_destination",
+           "same_file", "count_tensors", "unique_bytes", "ANCHOR_PATTERN"]
 
 ANCHOR_PATTERN = r"cpu|cuda:\d+"
 
@@ -42,6 +43,11 @@ class WriteResult:
     tensors: int
     bytes: int
     verified: bool
+    files: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.files:
+            object.__setattr__(self, "files", (self.path,))
 
 
 def output_format(dst: Path, requested: str | None) -> OutputFormat:
@@ -69,54 +75,63 @@ def write(
     """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified."""
     path = Path(dst)
     kind = output_format(path, fmt)
-    check_destination(checkpoint.source.path, path, overwrite)
-    tree = checkpoint.tree
-    total = _unique_bytes(tree)
+    check_destination(checkpoint.source.files, path, overwrite)
     try:
         with atomic_file(path, overwrite=overwrite) as out:
-            if kind is OutputFormat.PTH:
-                from .pth import write_pth
-
-                write_pth(tree, out.file, anchor, progress(f"writing {path.name}", total))
-                out.sync()
-                if verify:
-                    verify_pth(out.tmp, tree, anchor, progress(f"verifying {path.name}", total))
-            else:
-                from .safetensors import plan_safetensors, write_safetensors
-
-                plan = plan_safetensors(tree, dict(metadata or {}), path)
-                write_safetensors(plan, out.file, progress(f"writing {path.name}", total))
-                out.sync()
-                if verify:
-                    verify_safetensors(out.tmp, plan, tree,
-                                       progress(f"verifying {path.name}", total))
+            emit(kind, checkpoint.tree, out, anchor=anchor, verify=verify,
+                 metadata=metadata or {}, progress=progress)
             out.publish()
     except OSError as exc:
         raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
-    return WriteResult(path, kind, sum(1 for _ in iter_tensors(tree)), total, verify)
+    return WriteResult(path, kind, count_tensors(checkpoint.tree),
+                       unique_bytes(checkpoint.tree), verify)
 
 
-def check_destination(source: Path, dst: Path, overwrite: bool) -> None:
-    """Refuse a destination that is the source (under any spelling) or already exists."""
+def emit(kind: OutputFormat, tree: Any, out: AtomicFile, *, anchor: str, verify: bool,
+         metadata: Mapping[str, str], progress: Progress) -> None:
+    """Write ``tree`` into ``out``'s temp file, fsync it and verify it (not yet published)."""
+    name, total = out.dst.name, unique_bytes(tree)
+    if kind is OutputFormat.PTH:
+        from .pth import write_pth
+
+        write_pth(tree, out.file, anchor, progress(f"writing {name}", total))
+        out.sync()
+        if verify:
+            verify_pth(out.tmp, tree, anchor, progress(f"verifying {name}", total))
+    else:
+        from .safetensors import plan_safetensors, write_safetensors
+
+        plan = plan_safetensors(tree, metadata, out.dst)
+        write_safetensors(plan, out.file, progress(f"writing {name}", total))
+        out.sync()
+        if verify:
+            verify_safetensors(out.tmp, plan, tree, progress(f"verifying {name}", total))
+
+
+def check_destination(sources: tuple[Path, ...], dst: Path, overwrite: bool) -> None:
+    """Refuse a destination that is a source file (under any spelling) or already exists."""
     if dst.is_dir():
         raise OutputError("is a directory; name an output file", dst)
-    if dst.exists() or dst.is_symlink():
-        if _same_file(source, dst):
+    for source in sources:
+        if same_file(source, dst):
             raise OutputError(f"is the source file {source}; write somewhere else", dst)
-        if not overwrite:
-            raise OutputError("exists; pass --overwrite to replace it", dst)
-    elif os.path.realpath(dst) == os.path.realpath(source):
-        raise OutputError(f"is the source file {source}; write somewhere else", dst)
+    if (dst.exists() or dst.is_symlink()) and not overwrite:
+        raise OutputError("exists; pass --overwrite to replace it", dst)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """One file under two spellings: symlinks, ``..``, hard links."""
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _unique_bytes(tree: Any) -> int:
+def count_tensors(tree: Any) -> int:
+    return sum(1 for _ in iter_tensors(tree))
+
+
+def unique_bytes(tree: Any) -> int:
     from ..tensorops import view_key
 
     seen: dict[Any, int] = {}

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from ..errors import OutputError
 
-__all__ = ["AtomicFile", "atomic_file", "TEMP_SUFFIX"]
+__all__ = ["AtomicFile", "atomic_file", "fsync_dir", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".ckptport-tmp"
 
@@ -54,7 +54,7 @@ class AtomicFile:
                 os.rename(self.tmp, self.dst)
             else:
                 self.tmp.unlink()
-        _fsync_dir(self.dst.parent)
+        fsync_dir(self.dst.parent)
 
 
 @contextlib.contextmanager
@@ -90,7 +90,8 @@ def _mode_for(dst: Path) -> int:
         return 0o666 & ~umask
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

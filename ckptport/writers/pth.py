@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from typing import Any, BinaryIO
 
-__all__ = ["write_pth", "anchored"]
+from ..checkpoint import rebuild_dict
+
+__all__ = ["write_pth", "anchored", "canonical"]
 
 _ANCHOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("ckptport_anchor",
                                                                      default=None)
@@ -68,13 +71,36 @@ class _Counting:
         self._file.flush()
 
 
+def canonical(value: Any) -> Any:
+    """``value`` rebuilt so its pickle depends on values, not object identity.
+
+    Pickle writes a back-reference for an object it has seen before: two
+    equal strings or dicts pickle differently when they are one object than
+    when they are two. Fresh containers and interned strings make the bytes
+    the same whichever reader produced the tree (a file, a shard set).
+    """
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, Mapping):
+        rebuilt = rebuild_dict(value, [(canonical(k), canonical(v)) for k, v in value.items()])
+        versions = getattr(value, "_metadata", None)
+        if versions is not None:
+            rebuilt._metadata = canonical(versions)  # type: ignore[attr-defined]
+        return rebuilt
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    if type(value) is tuple:
+        return tuple(canonical(v) for v in value)
+    return value
+
+
 def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None]) -> None:
     import torch
 
     counting = _Counting(file, advance)
     with anchored(anchor):
         try:
-            torch.save(tree, counting)  # type: ignore[arg-type]
+            torch.save(canonical(tree), counting)  # type: ignore[arg-type]
         except RuntimeError:
             if counting.error is not None:
                 raise counting.error from None

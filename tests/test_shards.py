@@ -1,0 +1,198 @@
+"""Shard sets in and out: Hugging Face layout, hostile indexes, atomic publication."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import ckptport
+from ckptport.writers import shards as shard_writer
+from ckptport.writers.shards import parse_size, split_shards
+from fixtures.models import TiedLM, TinyNet
+from tests.helpers import load_output, sha256
+
+
+@pytest.mark.parametrize(("to", "index"), [("safetensors", "model.safetensors.index.json"),
+                                           ("pth", "pytorch_model.bin.index.json")])
+def test_shard_set_round_trip_is_byte_identical_to_single_file(fx, run, tmp_path, to, index):
+    folder = tmp_path / "set"
+    result = run("normalize", fx["ddp_cuda3"], folder, "--max-shard-size", "1KB", "--to", to)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((folder / index).read_text())
+    shards = sorted(set(doc["weight_map"].values()))
+    stem, ext = ("model", ".safetensors") if to == "safetensors" else ("pytorch_model", ".bin")
+    assert shards == [f"{stem}-0000{i}-of-00003{ext}" for i in (1, 2, 3)]
+    assert doc["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in TinyNet().state_dict().values())
+    for shard in shards:
+        state = load_output(folder / shard)  # each shard loads on its own, public APIs
+        assert state and all(doc["weight_map"][k] == shard for k in state)
+
+    single, merged = tmp_path / "single.pth", tmp_path / "merged.pth"
+    run("normalize", fx["ddp_cuda3"], single)
+    for source in (folder, folder / index):  # the folder or its index
+        assert run("normalize", source, merged, "--overwrite").exit_code == 0
+        assert sha256(merged) == sha256(single)
+    TinyNet().load_state_dict(ckptport.read(folder).tree, strict=True)
+
+
+def test_safetensors_shards_carry_format_pt(fx, run, tmp_path):
+    run("normalize", fx["ddp_cuda3"], tmp_path / "s", "--max-shard-size", "1KB")
+    for shard in (tmp_path / "s").glob("*.safetensors"):
+        with safe_open(str(shard), framework="pt") as f:
+            assert f.metadata()["format"] == "pt"
+
+
+def test_one_shard_is_written_without_index(fx, run, tmp_path):
+    folder = tmp_path / "one"
+    folder.mkdir()
+    assert run("normalize", fx["ddp_cuda3"], folder).exit_code == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("to", ["pth", "safetensors"])
+def test_tied_tensors_land_in_one_shard(run, tmp_path, to):
+    model = TiedLM()
+    state = model.state_dict()
+    src = tmp_path / "tied.pth"
+    torch.save({"embed.weight": state["embed.weight"], "middle": torch.ones(3),
+                "out.weight": state["out.weight"]}, src)
+    folder = tmp_path / "tied"
+    result = run("normalize", src, folder, "--max-shard-size", "10B", "--to", to)
+    assert result.exit_code == 0, result.stderr
+    index = next(folder.glob("*.index.json"))
+    weight_map = json.loads(index.read_text())["weight_map"]
+    assert weight_map["embed.weight"] == weight_map["out.weight"] != weight_map["middle"]
+    tree = ckptport.read(folder).tree
+    assert tree["embed.weight"].untyped_storage().data_ptr() == \
+        tree["out.weight"].untyped_storage().data_ptr()
+    assert torch.equal(tree["out.weight"], model.out.weight)
+
+
+def test_split_keeps_order_and_puts_big_tensors_alone():
+    state = {"a": torch.zeros(10), "b": torch.zeros(100), "c": torch.zeros(1), "d": torch.zeros(1)}
+    assert split_shards(state, 100) == [["a"], ["b"], ["c", "d"]]
+
+
+@pytest.mark.parametrize(("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8),
+                                            ("2GiB", 2 * 2**30), ("1.5gb", 15 * 10**8),
+                                            ("123", 123)])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "5XB", "0"])
+def test_parse_size_refuses_nonsense(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def _set(tmp_path, fx, run):
+    folder = tmp_path / "set"
+    run("normalize", fx["ddp_cuda3"], folder, "--max-shard-size", "1KB")
+    return folder, folder / "model.safetensors.index.json"
+
+
+def _rewrite(index, edit):
+    doc = json.loads(index.read_text())
+    edit(doc["weight_map"])
+    index.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: m.update({"conv.weight": "/etc/passwd.safetensors"}), "plain file names"),
+    (lambda m: m.update({"conv.weight": "../model-00001-of-00003.safetensors"}),
+     "plain file names"),
+    (lambda m: m.update({"conv.weight": "model.bin"}), "not a .safetensors file"),
+    (lambda m: m.update({"conv.weight": "model-00009-of-00009.safetensors"}), "is missing"),
+    (lambda m: m.update({"ghost.weight": "model-00001-of-00003.safetensors"}),
+     "keys no shard holds"),
+    (lambda m: m.update({"conv.weight": "model-00002-of-00003.safetensors"}),
+     "but the index puts it in"),
+])
+def test_hostile_or_broken_index(fx, run, tmp_path, edit, message):
+    folder, index = _set(tmp_path, fx, run)
+    _rewrite(index, edit)
+    result = run("normalize", folder, tmp_path / "o.pth")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert str(index) in result.stderr and not (tmp_path / "o.pth").exists()
+
+
+def test_key_in_two_shards(fx, run, tmp_path):
+    folder = tmp_path / "dup"
+    folder.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(1)}, folder / "model-00001-of-00002.safetensors")
+    save_file({"v": torch.ones(1), "w": torch.ones(1)},
+              folder / "model-00002-of-00002.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"w": "model-00001-of-00002.safetensors",
+                        "v": "model-00002-of-00002.safetensors"}}))
+    result = run("normalize", folder, tmp_path / "o.pth")
+    assert result.exit_code == 2 and "is in two shards" in result.stderr
+
+
+def test_interrupted_set_leaves_the_old_set_intact(fx, run, tmp_path, monkeypatch):
+    folder, index = _set(tmp_path, fx, run)
+    before = {p.name: sha256(p) for p in folder.iterdir()}
+    calls = []
+    real_emit = shard_writer.emit
+
+    def emit_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_emit(*args, **kwargs)
+
+    monkeypatch.setattr(shard_writer, "emit", emit_then_interrupt)
+    result = run("normalize", fx["ddp_cuda3"], folder, "--max-shard-size", "2KB", "--overwrite")
+    assert result.exit_code == 130
+    assert {p.name: sha256(p) for p in folder.iterdir()} == before  # no temp folder left
+
+
+def test_existing_set_needs_overwrite_and_stale_shards_go(fx, run, tmp_path):
+    folder, _ = _set(tmp_path, fx, run)
+    (folder / "config.json").write_text("{}")
+    result = run("normalize", fx["ddp_cuda3"], folder, "--max-shard-size", "100MB")
+    assert result.exit_code == 2 and "pass --overwrite" in result.stderr
+    result = run("normalize", fx["ddp_cuda3"], folder, "--max-shard-size", "100MB",
+                 "--overwrite")
+    assert result.exit_code == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_select_all_cannot_be_sharded(fx, run, tmp_path):
+    result = run("normalize", fx["ddp_cuda3"], tmp_path / "s", "--max-shard-size", "1KB",
+                 "--select", "all")
+    assert result.exit_code == 2 and "flat state dict" in result.stderr
+
+
+def test_safetensors_writer_golden_bytes(tmp_path):
+    """The streaming writer's bytes for a tiny file, and the official reader accepts them."""
+    from ckptport.checkpoint import Checkpoint, Format, SourceFacts
+
+    src = SourceFacts(path=tmp_path / "none", format=Format.SAFETENSORS, size=0)
+    tree = {"b": torch.tensor([1, 2], dtype=torch.int16), "a": torch.tensor([1.5])}
+    out = tmp_path / "tiny.safetensors"
+    ckptport.write(Checkpoint(tree, src), out)
+    raw = out.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    assert length % 8 == 0
+    header = raw[8:8 + length]
+    tree_json = ('{"__dict__":[["b",{"__tensor__":"b"}],["a",{"__tensor__":"a"}]]}')
+    expected = (
+        '{"__metadata__":{"ckptport.tree":' + json.dumps(tree_json)
+        + ',"ckptport.version":"' + ckptport.__version__ + '","format":"pt"},'
+        '"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]},'
+        '"b":{"data_offsets":[4,8],"dtype":"I16","shape":[2]}}'
+    )
+    assert header.decode().rstrip(" ") == expected
+    assert raw[8 + length:] == struct.pack("<f", 1.5) + struct.pack("<hh", 1, 2)
+    with safe_open(str(out), framework="pt") as f:
+        assert torch.equal(f.get_tensor("b"), tree["b"])
