@@ -384,6 +384,7 @@ def main() -> int:
             print(f"  {key:<10} {row.note}", flush=True)
             continue
         for _ in range(args.repeat):
+            os.sync()  # flush earlier runs' dirty pages so their writeback is not billed here
             r = measure(row.argv)
             row.runs.append(r)
             print(
@@ -447,7 +448,8 @@ def main() -> int:
         f"torch {torch.__version__}; source `{src.name}` {size:,} bytes, "
         f"{len(_layout(int(args.size_gb * GIB), d=1024))} tensors (fp32 + bf16). "
         f"Each command ran {args.repeat}× as its own process: min wall, max memory. "
-        "The source file is in the page cache (warm) for every run.",
+        "The source file is in the page cache (warm) for every run; `sync` runs before each "
+        "run, unmeasured.",
         "",
         "| command | wall s | × floor | peak RSS MB | peak private MB | private / file | targets |",
         "|---|---:|---|---:|---:|---:|---|",

@@ -26,9 +26,11 @@ from .errors import (
     OutputError,
     RuleError,
     SelectionError,
+    StateDictMismatchError,
     UnsafeCheckpointError,
     VerificationError,
 )
+from .load import LoadResult, load_into, load_state_dict
 from .readers import read
 from .rules import Normalized, NormalizeOptions, RuleResult, normalize
 from .writers import WriteResult, write
@@ -42,6 +44,7 @@ __all__ = [
     "DtypeMismatch",
     "Format",
     "InputError",
+    "LoadResult",
     "LeafMismatch",
     "NormalizeOptions",
     "Normalized",
@@ -51,6 +54,7 @@ __all__ = [
     "SelectionError",
     "ShapeMismatch",
     "SourceFacts",
+    "StateDictMismatchError",
     "TensorDelta",
     "Tolerance",
     "UnsafeCheckpointError",
@@ -58,6 +62,8 @@ __all__ = [
     "WriteResult",
     "convert",
     "diff",
+    "load_into",
+    "load_state_dict",
     "normalize",
     "read",
     "write",

@@ -44,6 +44,7 @@ class Format(str, enum.Enum):
     SAFETENSORS = "safetensors"
     TORCH_SHARDS = "torch-shards"
     SAFETENSORS_SHARDS = "safetensors-shards"
+    DCP = "dcp"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class SourceFacts:
     shared_storages: tuple[tuple[str, ...], ...] = ()
     metadata: Mapping[str, str] = field(default_factory=dict)
     trusted: bool = False
+    # dangerous globals and refused calls, kept as inert records when read for a report
+    refused_globals: tuple[str, ...] = ()
     files: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:

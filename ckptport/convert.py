@@ -21,6 +21,7 @@ from .progress import Progress, no_progress
 from .readers import read, resolve
 from .rules import NormalizeOptions, RuleResult, normalize
 from .writers import OutputFormat, WriteResult, check_destination, output_format, write
+from .writers.dcp import write_dcp
 from .writers.shards import write_shards
 
 __all__ = ["ConvertReport", "convert", "sha256_files"]
@@ -70,11 +71,13 @@ def convert(
     """Normalize ``src`` into ``dst``: a file, or a shard set when ``dst`` is a folder
     (an existing one, or a path ending in a separator) or ``max_shard_size`` is given."""
     target = Path(dst)
-    sharded = max_shard_size is not None or target.is_dir() or str(dst).endswith(os.sep)
+    to_dcp = to == OutputFormat.DCP.value
+    sharded = not to_dcp and (max_shard_size is not None or target.is_dir()
+                              or str(dst).endswith(os.sep))
     source, files = resolve(src)
     if sharded:
         kind = OutputFormat(to or OutputFormat.SAFETENSORS.value)
-    else:
+    elif not to_dcp:
         kind = output_format(target, to)  # fail on a bad extension before reading gigabytes
         check_destination(files, target, overwrite)
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -84,7 +87,10 @@ def convert(
         sha256 = digest.result()
     common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
               "metadata": _provenance(sha256, normalized.results), "progress": progress}
-    if sharded:
+    if to_dcp:
+        written = write_dcp(normalized.checkpoint, target, overwrite=overwrite, verify=verify,
+                            progress=progress)
+    elif sharded:
         written = write_shards(normalized.checkpoint, target, kind=kind,
                                max_shard_size=max_shard_size or DEFAULT_SHARD_SIZE, **common)
     else:

@@ -327,7 +327,7 @@ def _compare_chunk(a: torch.Tensor, b: torch.Tensor, offset: int, tolerance: Tol
     """Fold one chunk pair into ``worst``; identical bytes cost one memcmp."""
     import torch
 
-    if a.dtype == b.dtype and torch.equal(as_bytes(a), as_bytes(b)):
+    if a.dtype == b.dtype and torch.equal(*_as_words(a, b)):
         return
     work = _work_dtype(a.dtype, b.dtype)
     x, y = a.to(work), b.to(work)
@@ -347,6 +347,22 @@ def _compare_chunk(a: torch.Tensor, b: torch.Tensor, offset: int, tolerance: Tol
     if float(delta[local]) > worst.max_abs:
         worst.max_abs, worst.flat_index = float(delta[local]), offset + local
     worst.max_rel = max(worst.max_rel, float(relative.max()))
+
+
+def _as_words(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both chunks' bytes as the widest integers their size and alignment allow.
+
+    ``torch.equal`` runs per element: on int64 words it compares about four
+    times faster than on bytes.
+    """
+    import torch
+
+    bytes_a, bytes_b = as_bytes(a), as_bytes(b)
+    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if all(t.numel() % width == 0 and t.storage_offset() % width == 0
+               for t in (bytes_a, bytes_b)):
+            return bytes_a.view(dtype), bytes_b.view(dtype)
+    return bytes_a, bytes_b
 
 
 def _work_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:

@@ -18,6 +18,7 @@ __all__ = [
     "InputError",
     "UnsafeCheckpointError",
     "SelectionError",
+    "StateDictMismatchError",
     "RuleError",
     "OutputError",
     "VerificationError",
@@ -66,6 +67,10 @@ class SelectionError(CkptportError):
 
 class RuleError(CkptportError):
     """A normalize rule cannot apply without losing data (e.g. two keys collide)."""
+
+
+class StateDictMismatchError(CkptportError):
+    """``load_into``: the checkpoint's keys do not match the model's."""
 
 
 class OutputError(CkptportError):

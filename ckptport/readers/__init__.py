@@ -21,12 +21,11 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, tuple[Path, ...]]:
     """The file to read (a folder's shard index) and every file its bytes come from."""
     source = Path(path)
     if source.is_dir():
-        from .shards import find_index
+        from .dcp import METADATA_FILE, is_dcp
 
-        index = find_index(source)
-        if index is None:
-            raise InputError("is a directory with no *.index.json shard index", source)
-        source = index
+        if is_dcp(source):
+            return source, (source / METADATA_FILE, *sorted(source.glob("*.distcp")))
+        source = _weights_in(source)
     if source.name.endswith(".index.json"):
         from .shards import shard_files
 
@@ -34,9 +33,30 @@ def resolve(path: str | os.PathLike[str]) -> tuple[Path, tuple[Path, ...]]:
     return source, (source,)
 
 
+SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def _weights_in(folder: Path) -> Path:
+    """The weights of a folder: its shard index, or a Hugging Face model folder's file."""
+    from .shards import find_index
+
+    index = find_index(folder)
+    if index is not None:
+        return index
+    for name in SINGLE_WEIGHTS:
+        if (folder / name).is_file():
+            return folder / name
+    raise InputError("is a directory with no checkpoint in it (no *.index.json shard index, "
+                     f"no {' or '.join(SINGLE_WEIGHTS)}, no DCP .metadata)", folder)
+
+
 def read(path: str | os.PathLike[str], *, trust: bool = False) -> Checkpoint:
     """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
     source, _ = resolve(path)
+    if source.is_dir():
+        from .dcp import read_dcp
+
+        return read_dcp(source)
     if source.name.endswith(".index.json"):
         from .shards import read_shards
 

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Format
+from ..checkpoint import Format, format_path, iter_tensors
 from ..errors import InputError, UnsafeCheckpointError
 from . import allowlist
 from .allowlist import Allowed, RestrictedArgumentError
 
 __all__ = ["ObjectRecord", "GlobalRef", "Backref", "RestrictedLoad", "load_restricted",
-           "MAX_NODES", "MAX_DEPTH"]
+           "settle", "check_tensor_sizes", "MAX_NODES", "MAX_DEPTH"]
 
 MAX_NODES = 10_000_000  # objects the tree may expand to when shared references are followed
 MAX_DEPTH = 300  # nesting ckptport's recursive rules handle without exhausting the stack
@@ -149,12 +149,10 @@ class _Machine:
 
     def load(self, cursor: _Cursor) -> Any:
         frame_end = -1
-        previous = cursor.pos
         try:
             for opcode, arg, pos in pickletools.genops(cursor):
-                if previous < frame_end < pos:
-                    raise _Refused(f"an opcode at byte {previous} crosses the end of its FRAME")
-                previous = pos
+                if pos < frame_end < cursor.pos:  # genops has read the opcode's argument
+                    raise _Refused(f"an opcode at byte {pos} crosses the end of its FRAME")
                 name = opcode.name
                 if name == "FRAME":
                     if pos < frame_end:
@@ -636,7 +634,7 @@ def _load_legacy(path: Path, lenient: bool, seen: dict[str, None],
             raise _Refused("a big-endian or malformed legacy checkpoint")
         start = cursor.pos
         dry = _Storages(tensors, table, 6, _meta)
-        _Machine(table, dry, True, {}, {}).load(cursor)
+        _Machine(table, dry, lenient, {}, {}).load(cursor)
         keys = _Machine(table, None, False, {}, {}).load(cursor)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise _Refused("malformed storage key list")
@@ -656,6 +654,9 @@ def _legacy_offsets(buf: Any, pos: int, keys: list[str],
                     declared: dict[str, _Pid]) -> dict[str, int]:
     import torch
 
+    missing = [key for key in declared if key not in keys]
+    if missing:
+        raise _Refused(f"storage {missing[0]} is missing from the file")
     offsets = {}
     for key in keys:
         if key not in declared:
@@ -743,6 +744,28 @@ def _settle(tree: Any) -> Any:
     return tree
 
 
+def settle(tree: Any) -> Any:
+    """The tree, fit for recursive rules; an ``InputError`` (without a path) if not."""
+    try:
+        return _settle(tree)
+    except _Refused as exc:
+        raise InputError(str(exc)) from None
+
+
+def check_tensor_sizes(tree: Any) -> None:
+    """Refuse views that would allocate far more than their storage once copied.
+
+    A stride-0 view of one element can claim petabytes; the weights-only
+    reader accepts it, and compacting it (normalize) would try to allocate.
+    """
+    for key_path, tensor in iter_tensors(tree):
+        logical = tensor.numel() * tensor.element_size()
+        if logical > max(tensor.untyped_storage().nbytes(), MAX_TENSOR_BYTES_OVER_STORAGE):
+            raise InputError(f"tensor {format_path(key_path)} of size {tuple(tensor.shape)} "
+                             f"would need {logical} bytes from a storage of "
+                             f"{tensor.untyped_storage().nbytes()}; refused before allocating")
+
+
 def _replace(node: Any, slot: Any, value: Any) -> None:
     if isinstance(node, ObjectRecord):
         setattr(node, slot, value)
@@ -759,7 +782,6 @@ def load_restricted(path: Path, fmt: Format, *, lenient: bool = False) -> Restri
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TypedStorage deprecation, once per storage
             tree, locations = loader(path, lenient, seen, refused)
-        tree = _settle(tree)
     except _Refused as exc:
         if exc.names:
             raise UnsafeCheckpointError(path, exc.names, str(exc)) from None

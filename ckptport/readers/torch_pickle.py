@@ -6,33 +6,42 @@ small allowlist scoped to the call; every storage is mapped to the CPU by a
 (``cuda:3``), so a GPU-saved file reads on a machine without a GPU and the
 report can still say where it came from. Zip files load with ``mmap=True``:
 tensors are views of the mapped file until something touches their bytes.
+
+When the weights-only reader refuses (a global outside its allowlist, pickle
+protocol 4 and above), ckptport's restricted unpickler (``restricted``) reads
+the file instead: unknown classes become inert records, calls outside its
+allow-list are refused by name. Zips are opened with torch's own reader, so
+ckptport sees an archive exactly as ``torch.load`` does.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
-import re
 import warnings
-import zipfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, format_path, iter_tensors
-from ..errors import InputError, UnsafeCheckpointError
+from ..errors import InputError
 from . import allowlist
 from .pickle_scan import scan_globals
+from .restricted import check_tensor_sizes, load_restricted, settle
 
 __all__ = ["read_torch"]
 
 _LEGACY_PICKLES = 4  # magic number, protocol version, sys info, the object
-_GLOBAL_IN_MESSAGE = re.compile(r"GLOBAL ([\w.]+)")
-_WEIGHTS_ONLY_REASON = re.compile(r"WeightsUnpickler error: (.*)")
 
 
-def read_torch(path: Path, fmt: Format, *, trust: bool = False) -> Checkpoint:
-    """A Checkpoint from a torch zip or legacy file; nothing in it runs unless ``trust``."""
+def read_torch(path: Path, fmt: Format, *, trust: bool = False,
+               lenient: bool = False) -> Checkpoint:
+    """A Checkpoint from a torch zip or legacy file; nothing in it runs unless ``trust``.
+
+    ``lenient`` (for reports: ``inspect``, ``check``) keeps dangerous globals
+    and refused calls as inert records listed in ``refused_globals`` instead
+    of refusing the file; they are never imported or called either way.
+    """
     if fmt is Format.TORCH_ZIP:
         _refuse_torchscript(path)
     found_globals = _scan(path, fmt)
@@ -42,7 +51,18 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False) -> Checkpoint:
         locations[location] += 1
         return storage
 
-    tree = _load(path, fmt, to_cpu, trust)
+    refused: tuple[str, ...] = ()
+    try:
+        tree = _load(path, fmt, to_cpu, trust)
+    except _WeightsOnlyRefused:
+        loaded = load_restricted(path, fmt, lenient=lenient)
+        tree, found_globals, refused = loaded.tree, loaded.globals, loaded.refused
+        locations = Counter(loaded.locations)
+    try:
+        tree = settle(tree)
+        check_tensor_sizes(tree)
+    except InputError as exc:
+        raise InputError(exc.message, path) from None
     return Checkpoint(
         tree=tree,
         source=SourceFacts(
@@ -53,8 +73,13 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False) -> Checkpoint:
             globals=found_globals,
             shared_storages=_shared_storages(tree),
             trusted=trust,
+            refused_globals=refused,
         ),
     )
+
+
+class _WeightsOnlyRefused(Exception):
+    """The weights-only reader refused a global or an opcode: try the restricted reader."""
 
 
 def _load(path: Path, fmt: Format, map_location: Any, trust: bool) -> Any:
@@ -74,63 +99,48 @@ def _load(path: Path, fmt: Format, map_location: Any, trust: bool) -> Any:
                     mmap=fmt is Format.TORCH_ZIP,
                 )
     except pickle.UnpicklingError as exc:
-        raise _refusal(path, fmt, str(exc)) from exc
+        if not trust and "Weights only load failed" in str(exc):
+            raise _WeightsOnlyRefused() from exc
+        raise InputError(f"corrupt pickle: {_first_line(exc)}", path) from exc
     except Exception as exc:  # torch reports corrupt files with many exception types
         raise InputError(f"corrupt or truncated {fmt.value} checkpoint: {_first_line(exc)}",
                          path) from exc
 
 
-def _refusal(path: Path, fmt: Format, message: str) -> InputError:
-    if "Weights only load failed" not in message:
-        return InputError(f"corrupt pickle: {_first_line(message)}", path)
-    names = _unsafe_globals(path, fmt, message)
-    if names:
-        return UnsafeCheckpointError(
-            path,
-            names,
-            "refused: the file needs globals outside the weights-only allowlist: "
-            f"{', '.join(names)} (nothing was run; pass --trust only if you vouch for the file)",
-        )
-    reason = _WEIGHTS_ONLY_REASON.search(message)
-    detail = reason.group(1) if reason else _first_line(message)
-    return InputError(f"the weights-only reader cannot read this pickle: {detail}", path)
-
-
-def _unsafe_globals(path: Path, fmt: Format, message: str) -> tuple[str, ...]:
-    import torch
-
-    names = dict.fromkeys(_GLOBAL_IN_MESSAGE.findall(message))
-    if fmt is Format.TORCH_ZIP:
-        try:
-            names.update(dict.fromkeys(torch.serialization.get_unsafe_globals_in_checkpoint(path)))
-        except Exception:  # the scan is a nicety; the message already names one global
-            pass
-    allowed = allowlist.allowed_names()
-    return tuple(name for name in names if name not in allowed)
-
-
 def _scan(path: Path, fmt: Format) -> tuple[str, ...]:
     try:
         if fmt is Format.TORCH_ZIP:
-            with zipfile.ZipFile(path) as archive:
-                pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-                return scan_globals(io.BytesIO(archive.read(pkl)))
+            data = io.BytesIO(_zip_reader(path).get_record("data.pkl"))
+            found = scan_globals(data)
+            trailing = len(data.getbuffer()) - data.tell()
+            if trailing:  # torch would ignore them; a scanner looking there would be fooled
+                raise InputError(f"{trailing} bytes of trailing data after the pickle's STOP "
+                                 "in data.pkl", path)
+            return found
         with path.open("rb") as f:
             return scan_globals(f, pickles=_LEGACY_PICKLES)
-    except StopIteration:
-        raise InputError("zip archive has no data.pkl: not a torch checkpoint", path) from None
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
+    except RuntimeError as exc:
+        raise InputError(f"corrupt zip: {_first_line(exc)}", path) from None
+    except (ValueError, EOFError, OSError) as exc:
         kind = "zip" if fmt is Format.TORCH_ZIP else "pickle"
         raise InputError(f"corrupt or truncated {kind}: {_first_line(exc)}", path) from None
 
 
+def _zip_reader(path: Path) -> Any:
+    """torch's own zip reader: an archive is seen exactly as ``torch.load`` sees it."""
+    import torch
+
+    return torch._C.PyTorchFileReader(str(path))
+
+
 def _refuse_torchscript(path: Path) -> None:
     try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, OSError) as exc:
+        names = _zip_reader(path).get_all_records()
+    except RuntimeError as exc:
         raise InputError(f"corrupt or truncated zip: {_first_line(exc)}", path) from None
-    if any(n.endswith("/constants.pkl") for n in names):
+    if "data.pkl" not in names and "constants.pkl" not in names:
+        raise InputError("zip archive has no data.pkl: not a torch checkpoint", path)
+    if "constants.pkl" in names:
         raise InputError(
             "a TorchScript archive (torch.jit.save), not a checkpoint; its code is never run",
             path,

@@ -30,6 +30,7 @@ ANCHOR_PATTERN = r"cpu|cuda:\d+"
 class OutputFormat(str, enum.Enum):
     PTH = "pth"
     SAFETENSORS = "safetensors"
+    DCP = "dcp"
 
 
 _EXTENSIONS = {".pth": OutputFormat.PTH, ".pt": OutputFormat.PTH, ".bin": OutputFormat.PTH,

@@ -1,0 +1,161 @@
+"""Read ``torch.distributed.checkpoint`` (DCP) folders without a process group.
+
+torch's own DCP reader is used for the data (transforms, chunked tensors,
+the ``.distcp`` layout), with the two places it would run code from the
+file replaced: the ``.metadata`` file, which torch reads with plain
+``pickle.load``, is read by an unpickler that only builds DCP's own
+metadata classes, dtypes and sizes; non-tensor items, which torch's planner
+reads with ``torch.load(weights_only=False)``, are read with
+``weights_only=True`` and ckptport's allowlist. Data file names in the
+metadata are data from the file: anything but a plain ``*.distcp`` name in
+the folder is refused. Tensors are loaded one at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from collections import Counter
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..errors import InputError
+from . import allowlist
+
+__all__ = ["read_dcp", "is_dcp", "read_dcp_metadata", "METADATA_FILE"]
+
+METADATA_FILE = ".metadata"
+_DCP = "torch.distributed.checkpoint"
+
+
+def is_dcp(folder: Path) -> bool:
+    return (folder / METADATA_FILE).is_file()
+
+
+def _allowed() -> dict[str, Any]:
+    import collections
+
+    import torch
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    names: dict[str, Any] = {
+        f"{_DCP}.metadata.{name}": getattr(metadata, name)
+        for name in ("Metadata", "TensorStorageMetadata", "TensorProperties",
+                     "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
+                     "StorageMeta", "_MEM_FORMAT_ENCODING")
+        if hasattr(metadata, name)
+    }
+    names[f"{_DCP}.filesystem._StorageInfo"] = filesystem._StorageInfo
+    names["torch.serialization._get_layout"] = torch.serialization._get_layout
+    names["torch.Size"] = torch.Size
+    names["collections.OrderedDict"] = collections.OrderedDict
+    names["pathlib.PosixPath"] = PurePosixPath  # a path value, never a filesystem handle
+    names["pathlib.PurePosixPath"] = PurePosixPath
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            names[f"torch.{name}"] = value
+    return names
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP metadata only: any other global is refused, never imported."""
+
+    def __init__(self, file: Any, path: Path) -> None:
+        super().__init__(file)
+        self._path = path
+        self._allowed = _allowed()
+
+    def find_class(self, module: str, name: str) -> Any:
+        qualified = f"{module}.{name}"
+        if qualified not in self._allowed:
+            raise InputError(f"DCP metadata refers to {qualified}, which is not DCP metadata; "
+                             "nothing was run", self._path)
+        return self._allowed[qualified]
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise InputError("DCP metadata holds a persistent reference; refused", self._path)
+
+
+def read_dcp_metadata(folder: Path) -> Any:
+    path = folder / METADATA_FILE
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with path.open("rb") as f:
+            metadata = _MetadataUnpickler(f, path).load()
+    except InputError:
+        raise
+    except Exception as exc:  # any failure to parse hostile bytes is "corrupt"
+        raise InputError(f"corrupt DCP metadata: {type(exc).__name__}: {exc}", path) from None
+    if not isinstance(metadata, Metadata):
+        raise InputError("DCP metadata is not a Metadata record", path)
+    for info in (metadata.storage_data or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if PurePosixPath(name).name != name or not name.endswith(".distcp") or "\\" in name:
+            raise InputError(f"DCP metadata names data file {name!r}: only plain *.distcp "
+                             "names in the folder are allowed", path)
+        if not (folder / name).is_file():
+            raise InputError(f"DCP data file {name} is missing", path)
+    return metadata
+
+
+def _reader_and_planner(folder: Path, metadata: Any) -> tuple[Any, Any]:
+    import torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return metadata
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            with torch.serialization.safe_globals(allowlist.safe_globals()):
+                try:
+                    obj = torch.load(value, weights_only=True, map_location="cpu")
+                except pickle.UnpicklingError as exc:
+                    raise InputError(f"DCP item {read_item.dest_index.fqn!r} needs globals "
+                                     f"outside the weights-only allowlist: "
+                                     f"{str(exc).splitlines()[0][:200]}", folder) from None
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeReader(folder), SafePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+
+def read_dcp(folder: Path) -> Checkpoint:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = read_dcp_metadata(folder)
+    paths = getattr(metadata, "planner_data", None) or {}
+    tree: dict[Any, Any] = {}
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            value: Any = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+        else:
+            value = None
+        loaded = {fqn: value}
+        reader, planner = _reader_and_planner(folder, metadata)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
+        except InputError:
+            raise
+        except Exception as exc:  # torch reports broken data files with many types
+            raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: {exc}",
+                             folder) from None
+        set_element(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
+    files = (folder / METADATA_FILE, *sorted({folder / str(i.relative_path)
+                                              for i in metadata.storage_data.values()}))
+    tensors = sum(isinstance(i, TensorStorageMetadata)
+                  for i in metadata.state_dict_metadata.values())
+    return Checkpoint(tree, SourceFacts(
+        path=folder, format=Format.DCP, size=sum(f.stat().st_size for f in files),
+        storage_locations=dict(Counter({"cpu": tensors})) if tensors else {},
+        files=files, metadata={"planner_data": str(len(paths)) + " entries"},
+    ))
+
