@@ -705,7 +705,7 @@ def _settle(tree: Any) -> Any:
     sizes: dict[int, int] = {}
     on_path: dict[int, str] = {id(tree): "<root>"}
     stack: list[tuple[Any, Iterator[tuple[Any, Any]], str, int]] = [
-        (tree, _children(tree), "<root>", 1)]
+        (tree, _children(tree), "", 1)]
     while stack:
         node, children, path, total = stack[-1]
         for slot, child in children:
@@ -726,9 +726,9 @@ def _settle(tree: Any) -> Any:
                 continue
             if len(stack) >= MAX_DEPTH:
                 raise _Refused(f"the pickle nests deeper than {MAX_DEPTH} levels")
-            child_path = f"{path}.{slot}" if slot is not None else path
+            child_path = ".".join(p for p in (path, "" if slot is None else str(slot)) if p)
             stack[-1] = (node, children, path, total)
-            on_path[id(child)] = child_path
+            on_path[id(child)] = child_path or "<root>"
             stack.append((child, _children(child), child_path, 1))
             break
         else:

@@ -56,7 +56,8 @@ class Select:
         else:
             path, reason = _walk(tree, self.select, checkpoint), "named by --select"
         picked = _get(tree, path)
-        return checkpoint.with_tree(picked), self._result(path, reason, tree)
+        return checkpoint.with_tree(picked), self._result(path, reason + _hints(tree, picked),
+                                                          tree)
 
     def _auto(self, tree: Any, checkpoint: Checkpoint) -> tuple[KeyPath, str]:
         if not isinstance(tree, Mapping):
@@ -97,6 +98,24 @@ class Select:
             summary += f"; also in the file: {', '.join(others)}"
         return RuleResult(self.name, summary=summary,
                           details={"picked": picked, "reason": reason, "others": others})
+
+
+LIGHTNING_VERSION_KEYS = ("pytorch-lightning_version", "lightning_version")
+LIGHTNING_PREFIX = "model."
+
+
+def _hints(tree: Any, picked: Any) -> str:
+    """What the report should add: the trainer that wrote the file, the usual next step."""
+    if not isinstance(tree, Mapping):
+        return ""
+    version = next((tree[k] for k in LIGHTNING_VERSION_KEYS if k in tree), None)
+    if version is None:
+        return ""
+    hint = f"; a Lightning checkpoint (version {version})"
+    if is_state_dict(picked) and all(k.startswith(LIGHTNING_PREFIX) for k in picked):
+        hint += (f"; every key starts with {LIGHTNING_PREFIX!r} (the LightningModule's "
+                 f"attribute): add --strip-prefix {LIGHTNING_PREFIX} to load into the bare model")
+    return hint
 
 
 def _dicts(tree: Any, prefix: KeyPath = ()) -> list[tuple[KeyPath, Any]]:

@@ -1,0 +1,174 @@
+"""Where checkpoints come from: DCP folders, Hugging Face folders, Lightning; load_into."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+import ckptport
+from ckptport.compare import tree_mismatches
+from fixtures.models import TinyNet
+from tests.helpers import load_output, load_trusted, same_bits
+
+
+@pytest.fixture
+def dcp_folder(tmp_path):
+    """A real DCP checkpoint written by torch.distributed.checkpoint.save, no process group."""
+    torch.manual_seed(1)
+    state = {"model": {f"module.{k}": v for k, v in TinyNet().state_dict().items()},
+             "step": 7, "name": "run-1", "sched": {"lr": 0.1}}
+    folder = tmp_path / "dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=folder, no_dist=True)
+    return folder, state
+
+
+def test_dcp_folder_reads_as_the_saved_tree(dcp_folder, run, tmp_path):
+    folder, state = dcp_folder
+    tree = ckptport.read(folder).tree
+    assert tree_mismatches(state, tree) == []
+    out = tmp_path / "m.safetensors"
+    result = run("normalize", folder, out)
+    assert result.exit_code == 0, result.stderr
+    assert "picked model" in result.stdout and "dcp" in result.stdout
+    TinyNet().load_state_dict(load_output(out), strict=True)
+
+
+def test_dcp_round_trip_and_diff(fx, run, tmp_path):
+    out = tmp_path / "out_dcp"
+    result = run("normalize", fx["ddp_cuda3"], out, "--to", "dcp")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp"]
+    # torch's own loader, as a training job would use it
+    target = {k: torch.empty_like(v) for k, v in TinyNet().state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, checkpoint_id=out, no_dist=True)
+    truth = load_trusted(fx["ddp_cuda3"])["state_dict"]
+    assert all(same_bits(target[k], truth["module." + k]) for k in target)
+    assert ckptport.diff(out, fx["ddp_cuda3"]).equal
+
+
+def test_dcp_output_refuses_what_it_cannot_keep(fx, run, tmp_path):
+    result = run("normalize", fx["ddp_cuda3"], tmp_path / "d", "--to", "dcp", "--select", "all")
+    assert result.exit_code == 2 and "non-string key 0 under optimizer.state" in result.stderr
+    assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_malicious_dcp_metadata_is_refused(dcp_folder, run, tmp_path, sentinel):
+    folder, _ = dcp_folder
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {sentinel}",))
+
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
+    result = run("normalize", folder, tmp_path / "o.pth")
+    assert result.exit_code == 2
+    assert "refers to posix.system, which is not DCP metadata" in result.stderr
+    assert not sentinel.exists() and not (tmp_path / "o.pth").exists()
+
+
+def test_dcp_data_file_outside_the_folder_is_refused(dcp_folder, run, tmp_path):
+    folder, _ = dcp_folder
+    metadata = ckptport.readers.dcp.read_dcp_metadata(folder)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../etc/passwd.distcp"
+    with (folder / ".metadata").open("wb") as f:
+        pickle.dump(metadata, f)
+    result = run("normalize", folder, tmp_path / "o.pth")
+    assert result.exit_code == 2 and "only plain *.distcp names" in result.stderr
+
+
+def test_hugging_face_model_folder_as_source(fx, run, tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert run("normalize", fx["ddp_cuda3"], folder / "model.safetensors").exit_code == 0
+    out = tmp_path / "o.pth"
+    assert run("normalize", folder, out).exit_code == 0
+    TinyNet().load_state_dict(torch.load(out, weights_only=True), strict=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run("normalize", empty, tmp_path / "x.pth")
+    assert result.exit_code == 2 and "no checkpoint in it" in result.stderr
+
+
+def test_lightning_checkpoint_is_recognized_and_hinted(run, tmp_path):
+    net = TinyNet()
+    ckpt = {"epoch": 2, "global_step": 40, "pytorch-lightning_version": "2.4.0",
+            "state_dict": {f"model.{k}": v for k, v in net.state_dict().items()},
+            "hyper_parameters": {"lr": 0.01, "layers": [1, 2]}, "loops": {}, "callbacks": {}}
+    src = tmp_path / "epoch=2.ckpt"
+    torch.save(ckpt, src)
+    result = run("normalize", src, tmp_path / "a.pth")
+    assert "a Lightning checkpoint (version 2.4.0)" in result.stdout
+    assert "add --strip-prefix model." in result.stdout
+    out = tmp_path / "b.pth"
+    assert run("normalize", src, out, "--strip-prefix", "model.").exit_code == 0
+    TinyNet().load_state_dict(torch.load(out, weights_only=True), strict=True)
+    everything = tmp_path / "all.pth"
+    run("normalize", src, everything, "--select", "all", "--strip-prefix", "model.")
+    assert torch.load(everything, weights_only=True)["hyper_parameters"] == \
+        {"lr": 0.01, "layers": [1, 2]}
+
+
+WRAPS = {
+    "plain": lambda m: m,
+    "dataparallel": nn.DataParallel,
+    "compiled": torch.compile,
+    "compiled-dataparallel": lambda m: torch.compile(nn.DataParallel(m)),
+}
+
+
+@pytest.mark.parametrize("model_wrap", list(WRAPS))
+@pytest.mark.parametrize("source", ["ddp_cuda3", "plain", "compile_ddp", "fsdp_style"])
+def test_load_into_matches_wrapped_and_unwrapped(fx, model_wrap, source):
+    model = WRAPS[model_wrap](TinyNet())
+    assert ckptport.load_into(model, fx[source]) == ckptport.LoadResult((), ())
+    truth = ckptport.load_state_dict(fx[source])
+    inner = model._orig_mod if hasattr(model, "_orig_mod") else model
+    inner = inner.module if isinstance(inner, nn.DataParallel) else inner
+    assert all(torch.equal(v, truth[k]) for k, v in inner.state_dict().items())
+
+
+def test_load_into_mismatch_explains_and_suggests(fx):
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = TinyNet()
+
+    with pytest.raises(ckptport.StateDictMismatchError) as err:
+        ckptport.load_into(Wrapper(), fx["plain"])
+    text = str(err.value)
+    assert "9 model keys missing" in text and "backbone.conv.weight (closest: conv.weight)" in text
+    assert "load into model.backbone instead" in text
+    lightning_like = {f"net.{k}": v for k, v in TinyNet().state_dict().items()}
+    path = fx["plain"].parent / "net_prefixed.pth"
+    torch.save(lightning_like, path)
+    with pytest.raises(ckptport.StateDictMismatchError, match="--strip-prefix net."):
+        ckptport.load_into(TinyNet(), path)
+    result = ckptport.load_into(TinyNet(), path, strict=False)
+    assert len(result.missing) == 9 and len(result.unexpected) == 9
+
+
+def test_load_state_dict_maps_to_the_device_asked(fx):
+    state = ckptport.load_state_dict(fx["ddp_cuda3"], device="meta")
+    assert {t.device.type for t in state.values()} == {"meta"}
+    assert list(state) == list(TinyNet().state_dict())
+    assert state._metadata["bn"]["version"] == 2
+
+
+def test_renamed_copy_reads_the_same(fx, tmp_path):
+    """A renamed copy (.bin) reads the same: the container comes from the bytes."""
+    copy = tmp_path / "weights.bin"
+    shutil.copy(fx["plain"], copy)
+    assert ckptport.diff(copy, fx["plain"]).equal
