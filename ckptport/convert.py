@@ -8,6 +8,7 @@ GIL) while the checkpoint is read and normalized.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -86,7 +87,8 @@ def convert(
         normalized = normalize(checkpoint, options)
         sha256 = digest.result()
     common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
-              "metadata": _provenance(sha256, normalized.results), "progress": progress}
+              "metadata": _provenance(sha256, checkpoint.source.metadata, normalized.results),
+              "progress": progress}
     if to_dcp:
         written = write_dcp(normalized.checkpoint, target, overwrite=overwrite, verify=verify,
                             progress=progress)
@@ -98,9 +100,24 @@ def convert(
     return ConvertReport(checkpoint.source, sha256, normalized.results, written)
 
 
-def _provenance(sha256: str, results: tuple[RuleResult, ...]) -> Mapping[str, str]:
-    import json
+SOURCE_SHA256_KEY = "ckptport.source_sha256"
+RULES_KEY = "ckptport.rules"
 
-    applied = {r.rule: r.summary for r in results if r.changed or r.rule == "select"}
-    return {"ckptport.source_sha256": sha256,
-            "ckptport.rules": json.dumps(applied, sort_keys=True, separators=(",", ":"))}
+
+def _provenance(sha256: str, source_metadata: Mapping[str, str],
+                results: tuple[RuleResult, ...]) -> Mapping[str, str]:
+    """Where the weights came from and what was done to them, across re-normalizations.
+
+    A source that ckptport wrote already names the original checkpoint and
+    the rules applied to it; those carry over, so normalizing an output
+    again writes the same bytes, and the hash still names the file the
+    weights were trained into.
+    """
+    try:
+        prior = json.loads(source_metadata.get(RULES_KEY, "{}"))
+    except ValueError:
+        prior = {}
+    applied = {**(prior if isinstance(prior, dict) else {}),
+               **{r.rule: r.summary for r in results if r.changed}}
+    return {SOURCE_SHA256_KEY: source_metadata.get(SOURCE_SHA256_KEY, sha256),
+            RULES_KEY: json.dumps(applied, sort_keys=True, separators=(",", ":"))}

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["safe_globals", "allowed_names", "Allowed", "RestrictedArgumentError",
-           "is_dangerous", "restricted_table", "build_state", "nonnegative_ints"]
+           "is_dangerous", "restricted_table", "build_state", "nonnegative_ints",
+           "torch_default_names", "is_allowed"]
 
 
 def _numpy_entries() -> list[Any]:
@@ -105,13 +106,13 @@ DANGEROUS_MODULES = frozenset({
     "venv", "ensurepip", "numpy.lib.npyio", "numpy.testing", "numpy.f2py", "torch.hub",
     "torch.jit", "torch.package", "torch.serialization", "torch.fx", "torch.ops",
     "torch._C", "torch.multiprocessing", "torch.distributed.rpc", "torch.utils.cpp_extension",
-    "torch._dynamo", "torch._inductor", "torch.storage", "torch._ops",
+    "torch._dynamo", "torch._inductor", "torch._ops",
     "torch._weights_only_unpickler",
 })
 DANGEROUS_NAMES = frozenset({
     "torch.load", "torch.save", "torch.compile", "torch.from_file", "numpy.load",
     "numpy.fromfile", "numpy.save", "numpy.loadtxt", "numpy.genfromtxt", "numpy.memmap",
-    "torch.classes", "torch.library",
+    "torch.classes", "torch.library", "torch.storage._load_from_bytes",
 })
 _DANGEROUS_SEGMENTS = frozenset({"eval", "exec", "system", "popen", "spawn", "getattr",
                                  "setattr", "delattr", "globals", "locals", "compile", "open",
@@ -294,7 +295,8 @@ def _torch_table() -> dict[str, Any]:
 
     table: dict[str, Any] = {"torch.Tensor": torch.Tensor,
                              "torch.nn.parameter.Parameter": torch.nn.Parameter,
-                             "torch.UntypedStorage": torch.UntypedStorage}
+                             "torch.UntypedStorage": torch.UntypedStorage,
+                             "torch.storage.UntypedStorage": torch.UntypedStorage}
     for name in dir(torch):
         value = getattr(torch, name, None)
         if isinstance(value, torch.dtype):
@@ -313,6 +315,11 @@ def _static_table() -> dict[str, Any]:
     table.update(_numpy_table())
     table.update(_torch_table())
     return table
+
+
+def is_allowed(qualname: str) -> bool:
+    """True for globals plain weights-only loading or ckptport's restricted reader accept."""
+    return qualname in torch_default_names() or qualname in _static_table()
 
 
 def restricted_table(extra: list[Allowed]) -> dict[str, Any]:
@@ -365,3 +372,15 @@ def _check_array_state(state: Any) -> None:
     expected = count if kind.hasobject else count * kind.itemsize
     if len(raw) != expected if isinstance(raw, (bytes, list)) else True:
         raise RestrictedArgumentError("numpy array shape does not match its data")
+
+
+@functools.cache
+def torch_default_names() -> frozenset[str]:
+    """Globals plain ``torch.load(weights_only=True)`` accepts with no extra allowlist.
+
+    What a consumer of an exported artifact will run: anything beyond this
+    set makes their ``torch.load`` fail.
+    """
+    from torch import _weights_only_unpickler
+
+    return frozenset(_weights_only_unpickler._get_allowed_globals())

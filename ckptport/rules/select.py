@@ -14,7 +14,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..errors import SelectionError
-from .base import RuleResult
+from .base import Change, RuleResult
 
 __all__ = ["Select", "KNOWN_NAMES", "is_state_dict"]
 
@@ -96,7 +96,9 @@ class Select:
         summary = f"picked {picked}: {reason}"
         if others:
             summary += f"; also in the file: {', '.join(others)}"
-        return RuleResult(self.name, summary=summary,
+        changes = (Change(picked, "selected", f"kept {picked}, left out {len(others)} other "
+                          "entries"),) if path else ()
+        return RuleResult(self.name, changes, summary,
                           details={"picked": picked, "reason": reason, "others": others})
 
 
