@@ -148,6 +148,7 @@ def _private_kb(pid: int) -> int:
 @dataclass
 class Run:
     wall: float
+    cpu: float  # user + sys seconds: less sensitive than wall to other load on the machine
     rss_mb: float
     private_mb: float
     rc: int
@@ -157,8 +158,9 @@ class Run:
 _WRAPPER = (
     "import resource,subprocess,sys,time\n"
     "t=time.perf_counter();rc=subprocess.call(sys.argv[2:])\n"
-    "w=time.perf_counter()-t;m=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-    "open(sys.argv[1],'w').write(f'{w:.2f} {m}\\n');sys.exit(rc)\n"
+    "w=time.perf_counter()-t;u=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "open(sys.argv[1],'w').write(f'{w:.2f} {u.ru_maxrss} {u.ru_utime} {u.ru_stime}\\n')\n"
+    "sys.exit(rc)\n"
 )
 
 
@@ -166,7 +168,7 @@ def measure(argv: list[str]) -> Run:
     """Run ``argv`` once: wall seconds, peak RSS, peak private (anonymous) memory."""
     with tempfile.NamedTemporaryFile("r", suffix=".time", dir=OUT) as tf:
         if os.access(TIME_BIN, os.X_OK):
-            cmd = [TIME_BIN, "-f", "%e %M", "-o", tf.name, *argv]
+            cmd = [TIME_BIN, "-f", "%e %M %U %S", "-o", tf.name, *argv]
         else:
             cmd = [sys.executable, "-c", _WRAPPER, tf.name, *argv]
         peak_kb = 0
@@ -183,10 +185,11 @@ def measure(argv: list[str]) -> Run:
         fields = Path(tf.name).read_text().split()
     # /usr/bin/time prefixes "Command exited with non-zero status N" in -o; last two fields
     try:
-        wall, rss_kb = float(fields[-2]), int(fields[-1])
+        wall, rss_kb = float(fields[-4]), int(fields[-3])
+        cpu = float(fields[-2]) + float(fields[-1])
     except (IndexError, ValueError):
-        wall, rss_kb = fallback_wall, 0
-    return Run(wall, rss_kb / 1024, peak_kb / 1024, proc.returncode, stderr)
+        wall, rss_kb, cpu = fallback_wall, 0, float("nan")
+    return Run(wall, cpu, rss_kb / 1024, peak_kb / 1024, proc.returncode, stderr)
 
 
 @dataclass
@@ -203,6 +206,10 @@ class Row:
     @property
     def wall(self) -> float:
         return min(r.wall for r in self.runs)
+
+    @property
+    def cpu(self) -> float:
+        return min(r.cpu for r in self.runs)
 
     @property
     def rss(self) -> float:
@@ -270,6 +277,12 @@ def _machine() -> str:
     )
 
 
+def _loadavg() -> str:
+    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+    return "?"
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -291,6 +304,7 @@ def main() -> int:
         print(f"  done in {time.perf_counter() - t:.1f} s", flush=True)
     size = src.stat().st_size
     size_mb = size / MB
+    load_start = _loadavg()
 
     py = sys.executable
     ck = shutil.which("ckptport", path=str(Path(py).parent)) or "ckptport"
@@ -388,7 +402,7 @@ def main() -> int:
             r = measure(row.argv)
             row.runs.append(r)
             print(
-                f"  {key:<10} rc={r.rc} wall={r.wall:.2f}s rss={r.rss_mb:.0f}MB "
+                f"  {key:<10} rc={r.rc} wall={r.wall:.2f}s cpu={r.cpu:.2f}s rss={r.rss_mb:.0f}MB "
                 f"private={r.private_mb:.0f}MB",
                 flush=True,
             )
@@ -445,25 +459,30 @@ def main() -> int:
         "",
         f"Machine: {_machine()}",
         "",
+        f"Load average (1/5/15 min) at start: {load_start}, at end: {_loadavg()} — other "
+        f"work on this {os.cpu_count()}-core machine inflates wall times; cpu s (user + sys "
+        "of the command) is less affected.",
+        "",
         f"torch {torch.__version__}; source `{src.name}` {size:,} bytes, "
         f"{len(_layout(int(args.size_gb * GIB), d=1024))} tensors (fp32 + bf16). "
         f"Each command ran {args.repeat}× as its own process: min wall, max memory. "
         "The source file is in the page cache (warm) for every run; `sync` runs before each "
         "run, unmeasured.",
         "",
-        "| command | wall s | × floor | peak RSS MB | peak private MB | private / file | targets |",
-        "|---|---:|---|---:|---:|---:|---|",
+        "| command | wall s | cpu s | × floor | peak RSS MB | peak private MB "
+        "| private / file | targets |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
     ]
     for key, row in by_key.items():
         if not row.runs:
-            lines.append(f"| {row.name} | — | — | — | — | — | {row.note} |")
+            lines.append(f"| {row.name} | — | — | — | — | — | — | {row.note} |")
             continue
         fl = ratio(row, row.floor)
         if row.extra_floor:
             fl += ", " + ratio(row, row.extra_floor)
         lines.append(
-            f"| {row.name} | {row.wall:.2f} | {fl} | {row.rss:.0f} | {row.private:.0f} "
-            f"| {row.private / size_mb:.3f} | {targets(key, row)} |"
+            f"| {row.name} | {row.wall:.2f} | {row.cpu:.2f} | {fl} | {row.rss:.0f} "
+            f"| {row.private:.0f} | {row.private / size_mb:.3f} | {targets(key, row)} |"
         )
     lines += [
         "",

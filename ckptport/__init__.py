@@ -9,6 +9,7 @@ torch; the first call that needs tensors does.
 from __future__ import annotations
 
 from ._version import __version__
+from .check import CheckReport, Finding, check
 from .checkpoint import Checkpoint, Format, SourceFacts
 from .convert import ConvertReport, convert
 from .diff import (
@@ -30,6 +31,7 @@ from .errors import (
     UnsafeCheckpointError,
     VerificationError,
 )
+from .inspect import InspectReport, inspect
 from .load import LoadResult, load_into, load_state_dict
 from .readers import read
 from .rules import Normalized, NormalizeOptions, RuleResult, normalize
@@ -37,13 +39,16 @@ from .writers import WriteResult, write
 
 __all__ = [
     "__version__",
+    "CheckReport",
     "Checkpoint",
     "CkptportError",
     "ConvertReport",
     "DiffReport",
     "DtypeMismatch",
+    "Finding",
     "Format",
     "InputError",
+    "InspectReport",
     "LoadResult",
     "LeafMismatch",
     "NormalizeOptions",
@@ -60,8 +65,10 @@ __all__ = [
     "UnsafeCheckpointError",
     "VerificationError",
     "WriteResult",
+    "check",
     "convert",
     "diff",
+    "inspect",
     "load_into",
     "load_state_dict",
     "normalize",

@@ -215,5 +215,69 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
         ctx.exit(EXIT_FINDINGS)
 
 
+@cli.command("inspect")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Levels of the layout tree to list.")
+@click.option("--hash", "with_hash", is_flag=True,
+              help="Also compute the file's sha256 (reads every byte).")
+@click.option("--format", "report_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Report format on stdout.")
+def inspect_command(path: Path, depth: int, with_hash: bool, report_format: str) -> None:
+    """Describe PATH without running or reading it: format, layout, tensors, parameters,
+    bytes by dtype, recorded devices, wrapper prefixes, objects that block weights-only
+    loading and the globals they need, shared storages.
+    """
+    from .inspect import inspect
+    from .render import formatter
+
+    report = inspect(path, depth=depth, with_hash=with_hash)
+    click.echo(formatter(report_format).inspect(report))
+
+
+def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str]:
+    return [code.strip() for item in value for code in item.split(",") if code.strip()]
+
+
+@cli.command("check")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--select", "select_codes", multiple=True, callback=_codes, metavar="CODES",
+              help="Run only these rules (comma-separated or repeated, e.g. CKP001,CKP003).")
+@click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
+              help="Skip these rules.")
+@click.option("--finite", is_flag=True, help="Also fail on NaN/inf values (reads every tensor).")
+@click.option("--require-format", multiple=True,
+              type=click.Choice(["safetensors", "torch-zip", "torch-legacy"]),
+              help="Fail files in any other container format. Repeatable.")
+@click.option("--against", type=click.Path(path_type=Path), metavar="REF",
+              help="Fail where the weights differ from the reference checkpoint REF.")
+@click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Absolute tolerance for --against.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Relative tolerance for --against.")
+@click.option("--format", "report_format", type=click.Choice(["text", "json", "github"]),
+              default="text", show_default=True,
+              help="Report format on stdout (github: Actions annotations).")
+@click.pass_context
+def check_command(ctx: click.Context, paths: tuple[Path, ...], select_codes: list[str],
+                  ignore_codes: list[str], finite: bool, require_format: tuple[str, ...],
+                  against: Path | None, atol: float, rtol: float, report_format: str) -> None:
+    """Gate exported checkpoints in CI: run the rules on every PATH (directories are
+    searched recursively) and report findings with stable codes.
+
+    Exit 0 pass, 1 findings, 2 unreadable input. Nothing in a file ever runs.
+    """
+    from .check import check
+    from .render import formatter
+
+    try:
+        report = check(paths, select=select_codes, ignore=ignore_codes, finite=finite,
+                       require_format=require_format, against=against, atol=atol, rtol=rtol)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(formatter(report_format).check(report))
+    ctx.exit(report.exit_code)
+
+
 def main() -> None:
     cli(prog_name="ckptport")

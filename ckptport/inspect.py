@@ -42,6 +42,7 @@ class LayoutNode:
     nbytes: int
     children: tuple[LayoutNode, ...] = ()
     hidden: int = 0  # entries below --depth, not listed
+    container: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,10 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
     source = checkpoint.source
     tree = checkpoint.tree
     sha256 = None
-    if with_hash:
-        from .convert import sha256_file
+    if with_hash:  # the same digest normalize records as ckptport.source_sha256
+        from .convert import sha256_files
 
-        sha256 = sha256_file(source.path) if len(source.files) == 1 else _hash_files(source)
+        sha256 = sha256_files(source.files)
     weights_path, weights = _weights(checkpoint)
     unique = _unique_tensors(tree)
     by_dtype: Counter[str] = Counter()
@@ -143,18 +144,6 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         shared_storages=source.shared_storages,
         storage_bloat=storage_bloat(tree),
     )
-
-
-def _hash_files(source: SourceFacts) -> str:
-    """One digest over a shard set: the sha256 of the files' sha256s, in order."""
-    import hashlib
-
-    from .convert import sha256_file
-
-    digest = hashlib.sha256()
-    for file in source.files:
-        digest.update(bytes.fromhex(sha256_file(file)))
-    return digest.hexdigest()
 
 
 def classify_globals(source: SourceFacts) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -195,10 +184,10 @@ def _layout(key: str, value: Any, depth: int) -> LayoutNode:
     children = [_layout(str(k), v, depth - 1) for k, v in entries]
     tensors = sum(c.tensors for c in children)
     nbytes = sum(c.nbytes for c in children)
-    summary = f"{len(entries)} entries"
+    summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
     shown = tuple(children) if depth > 0 else ()
     return LayoutNode(key, _kind(value), summary, tensors, nbytes, shown,
-                      len(children) - len(shown))
+                      len(children) - len(shown), container=True)
 
 
 def _entries(value: Any) -> list[tuple[Any, Any]] | None:

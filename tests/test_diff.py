@@ -117,7 +117,7 @@ def test_dtype_change_fails_unless_cast(run, weights, clean, tmp_path):
         strict.stdout)
     cast = run("diff", clean, other, "--cast")
     assert cast.exit_code == 0, cast.output
-    assert "dtypes differ (compared by value (--cast)) (1):" in cast.stdout
+    assert "dtypes differ (compared by value, --cast) (1):" in cast.stdout
 
 
 def test_cast_compares_values_at_common_precision(tmp_path):

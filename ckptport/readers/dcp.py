@@ -14,6 +14,7 @@ the folder is refused. Tensors are loaded one at a time.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import warnings
 from collections import Counter
@@ -91,7 +92,11 @@ def read_dcp_metadata(folder: Path) -> Any:
         raise InputError(f"corrupt DCP metadata: {type(exc).__name__}: {exc}", path) from None
     if not isinstance(metadata, Metadata):
         raise InputError("DCP metadata is not a Metadata record", path)
-    for info in (metadata.storage_data or {}).values():
+    if not isinstance(getattr(metadata, "storage_data", None), dict) or not isinstance(
+        getattr(metadata, "state_dict_metadata", None), dict
+    ):
+        raise InputError("corrupt DCP metadata: storage data or items are not maps", path)
+    for info in metadata.storage_data.values():
         name = str(getattr(info, "relative_path", ""))
         if PurePosixPath(name).name != name or not name.endswith(".distcp") or "\\" in name:
             raise InputError(f"DCP metadata names data file {name!r}: only plain *.distcp "
@@ -127,16 +132,22 @@ def read_dcp(folder: Path) -> Checkpoint:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = read_dcp_metadata(folder)
     paths = getattr(metadata, "planner_data", None) or {}
+    if not isinstance(paths, dict):
+        raise InputError("corrupt DCP metadata: planner data is not a map", folder)
+    infos = list(metadata.storage_data.values())
+    data_bytes = None if any(getattr(i, "transform_descriptors", None) for i in infos) else sum(
+        (folder / name).stat().st_size for name in {str(i.relative_path) for i in infos})
     tree: dict[Any, Any] = {}
     for fqn, item in metadata.state_dict_metadata.items():
+        value: Any = None
         if isinstance(item, TensorStorageMetadata):
-            value: Any = torch.empty(tuple(item.size), dtype=item.properties.dtype)
-        else:
-            value = None
+            shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
+            value = torch.empty(shape, dtype=dtype)
         loaded = {fqn: value}
         reader, planner = _reader_and_planner(folder, metadata)
         try:
@@ -145,10 +156,14 @@ def read_dcp(folder: Path) -> Checkpoint:
                 dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
         except InputError:
             raise
-        except Exception as exc:  # torch reports broken data files with many types
-            raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: {exc}",
+        except (Exception, CheckpointException) as exc:  # torch reports broken files many ways
+            detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: {detail}",
                              folder) from None
-        set_element(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
+        try:
+            set_element(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
+        except (TypeError, KeyError, IndexError, AttributeError):
+            raise InputError(f"corrupt DCP planner data for {fqn!r}", folder) from None
     files = (folder / METADATA_FILE, *sorted({folder / str(i.relative_path)
                                               for i in metadata.storage_data.values()}))
     tensors = sum(isinstance(i, TensorStorageMetadata)
@@ -159,3 +174,25 @@ def read_dcp(folder: Path) -> Checkpoint:
         files=files, metadata={"planner_data": str(len(paths)) + " entries"},
     ))
 
+
+
+def _checked_shape(folder: Path, fqn: str, item: Any,
+                   data_bytes: int | None) -> tuple[Any, Any]:
+    """The tensor's shape and dtype, refused before allocating if the data cannot hold it.
+
+    ``data_bytes`` is None when the data is transformed (compressed) and may
+    legitimately be smaller than the tensors.
+    """
+    import torch
+
+    size, dtype = getattr(item, "size", None), getattr(getattr(item, "properties", None),
+                                                        "dtype", None)
+    if not isinstance(dtype, torch.dtype) or not isinstance(size, tuple) or not all(
+        type(d) is int and d >= 0 for d in size
+    ):
+        raise InputError(f"corrupt DCP metadata for {fqn!r}: bad size or dtype", folder)
+    nbytes = math.prod(size) * dtype.itemsize
+    if data_bytes is not None and nbytes > data_bytes:
+        raise InputError(f"DCP item {fqn!r} declares {nbytes} bytes but the data files hold "
+                         f"{data_bytes}", folder)
+    return tuple(size), dtype

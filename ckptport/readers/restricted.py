@@ -310,7 +310,9 @@ class _Machine:
         if isinstance(func, GlobalRef):
             if not func.dangerous and _looks_like_class(func.name):
                 return ObjectRecord(func.name, args=args)
-            return self.refuse_call(func.name, args)
+            return self.refuse_call(func.name, args, func.dangerous)
+        if isinstance(func, ObjectRecord):  # calling what a call returned or an instance
+            return self.refuse_call(func.name, args, func.kind == "call")
         raise _Refused(f"the pickle calls a {_kind(func)}, which is not a function")
 
     def allowed(self, func: Allowed, args: tuple[Any, ...], new: bool = False) -> Any:
@@ -319,11 +321,13 @@ class _Machine:
         except (RestrictedArgumentError, TypeError, ValueError, RuntimeError) as exc:
             raise _Refused(f"{func.name}: {exc}") from None
 
-    def refuse_call(self, name: str, args: tuple[Any, ...]) -> ObjectRecord:
+    def refuse_call(self, name: str, args: tuple[Any, ...], dangerous: bool) -> ObjectRecord:
+        """Refuse a call; in lenient mode keep it as a record (dangerous names listed)."""
         if not self.lenient:
             raise _Refused(f"refused: the pickle calls {name}, a function outside the "
                            "allow-list; nothing was run", (name,))
-        self.refused[name] = None
+        if dangerous:
+            self.refused[name] = None
         return ObjectRecord(name, kind="call", args=args)
 
     def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
@@ -333,7 +337,7 @@ class _Machine:
             return self.allowed(cls, args, new=True)
         if isinstance(cls, GlobalRef):
             if cls.dangerous:
-                return self.refuse_call(cls.name, args)
+                return self.refuse_call(cls.name, args, True)
             return ObjectRecord(cls.name, args=args, kwargs=dict(kwargs))
         raise _Refused(f"the pickle creates a {_kind(cls)} in a way ckptport does not support")
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from ..check import CheckReport
 from ..convert import ConvertReport
 from ..diff import DiffReport
+from ..inspect import InspectReport
 
 __all__ = ["ReportFormat", "Formatter", "formatter"]
 
@@ -20,6 +22,7 @@ class ReportFormat(str, enum.Enum):
     TEXT = "text"
     JSON = "json"
     MARKDOWN = "markdown"
+    GITHUB = "github"  # GitHub Actions annotations for check; other reports as text
 
 
 class Formatter(Protocol):
@@ -29,8 +32,13 @@ class Formatter(Protocol):
         """``limit``: rows per section in human formats; json always lists all."""
         ...
 
+    def inspect(self, report: InspectReport) -> str: ...
+
+    def check(self, report: CheckReport) -> str: ...
+
 
 def formatter(fmt: ReportFormat | str) -> Formatter:
+    from .github import GithubFormatter
     from .json import JsonFormatter
     from .markdown import MarkdownFormatter
     from .text import TextFormatter
@@ -39,5 +47,6 @@ def formatter(fmt: ReportFormat | str) -> Formatter:
         ReportFormat.TEXT: TextFormatter(),
         ReportFormat.JSON: JsonFormatter(),
         ReportFormat.MARKDOWN: MarkdownFormatter(),
+        ReportFormat.GITHUB: GithubFormatter(),
     }
     return formatters[ReportFormat(fmt)]

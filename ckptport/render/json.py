@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..check import CheckReport
 from ..convert import ConvertReport
 from ..diff import DiffReport
+from ..inspect import InspectReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 
@@ -58,6 +60,26 @@ class JsonFormatter:
             **jsonable(report),
         }
         return json.dumps(_strict(doc), indent=2, allow_nan=False)
+
+
+    def inspect(self, report: InspectReport) -> str:
+        doc = {"ckptport": __version__, "command": "inspect", **jsonable(report),
+               "tensor_bytes": report.tensor_bytes}
+        return json.dumps(doc, indent=2)
+
+    def check(self, report: CheckReport) -> str:
+        doc = {
+            "ckptport": __version__,
+            "command": "check",
+            "exit_code": report.exit_code,
+            "findings": report.findings,
+            "rules": list(report.codes),
+            "files": [{"path": str(f.path), "unreadable": f.unreadable,
+                       "findings": [{"code": x.code, "severity": x.severity, "key": x.key,
+                                     "message": x.message} for x in f.findings]}
+                      for f in report.files],
+        }
+        return json.dumps(doc, indent=2)
 
 
 def _strict(value: Any) -> Any:

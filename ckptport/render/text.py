@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..check import CheckReport
 from ..convert import ConvertReport
 from ..diff import DiffReport, TensorDelta, format_number
+from ..inspect import InspectReport, LayoutNode
 from ..rules import RuleResult
 from ..tensorops import human_bytes
 
-__all__ = ["TextFormatter", "Section", "diff_sections", "diff_context"]
+__all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
+           "check_summary"]
 
 SHOWN_CHANGES = 5
 DIFF_LIMIT = 20
@@ -36,6 +39,64 @@ class TextFormatter:
         for section in diff_sections(report):
             lines += _section_lines(section, DIFF_LIMIT if limit is None else limit)
         return "\n".join(lines)
+
+    def inspect(self, report: InspectReport) -> str:
+        return "\n".join(inspect_lines(report))
+
+    def check(self, report: CheckReport) -> str:
+        lines = [f"{f.path}: {f.code} [{f.severity}] {f.key + ': ' if f.key else ''}{f.message}"
+                 for result in report.files for f in result.findings]
+        return "\n".join([*lines, check_summary(report)])
+
+
+def check_summary(report: CheckReport) -> str:
+    """The last line of a check report: the verdict in words."""
+    files = len(report.files)
+    unreadable = sum(1 for f in report.files if f.unreadable)
+    if not report.findings and not unreadable:
+        return f"ckptport check: {files} files pass ({', '.join(report.codes)})"
+    return (f"ckptport check: {report.findings} findings in {files} files"
+            + (f", {unreadable} unreadable" if unreadable else ""))
+
+
+def inspect_lines(report: InspectReport) -> list[str]:
+    """The headline, one line per fact that is present, then the layout tree."""
+    head = f"{report.path}: {report.format.value}, {human_bytes(report.size)}"
+    lines = [head + (f", sha256 {report.sha256}" if report.sha256 else "")]
+    weights = f" in {report.weights}" if report.weights else ""
+    lines.append(f"  tensors: {report.tensors} ({human_bytes(report.tensor_bytes)}), "
+                 f"parameters: {report.parameters:,}{weights}")
+    facts = [
+        ("bytes by dtype", [f"{k} {human_bytes(v)}" for k, v in report.bytes_by_dtype.items()]),
+        ("recorded storage locations",
+         [f"{k} ({v} storages)" for k, v in report.storage_locations.items()]),
+        ("wrapper prefixes", [f"{k} ({v} keys)" for k, v in report.wrapper_prefixes.items()]),
+        ("shared storages", [" = ".join(group) for group in report.shared_storages]),
+        ("storage bloat", [f"{b.key}: storage {human_bytes(b.storage_bytes)}, tensors use "
+                           f"{human_bytes(b.used_bytes)}" for b in report.storage_bloat]),
+        ("globals beyond weights-only", list(report.globals_beyond_weights_only)),
+        ("DANGEROUS globals (never run)", list(report.dangerous_globals)),
+        ("objects blocking weights-only loading",
+         [f"{o.key}: {o.global_name}" for o in report.blocking_objects]),
+    ]
+    lines += [f"  {title}: {', '.join(items)}" for title, items in facts if items]
+    lines.append("  layout:")
+    lines += _layout_lines(report.layout, 2)
+    return lines
+
+
+def _layout_lines(node: LayoutNode, indent: int) -> list[str]:
+    pad = "  " * indent
+    if not node.container:
+        kind = "" if node.kind == "tensor" else f"{node.kind} "
+        return [f"{pad}{node.key}: {kind}{node.summary}"]
+    holds = f", {node.tensors} tensors, {human_bytes(node.nbytes)}" if node.tensors else ""
+    lines = [f"{pad}{node.key}: {node.kind} ({node.summary}{holds})"]
+    for child in node.children:
+        lines += _layout_lines(child, indent + 1)
+    if node.hidden:
+        lines.append(f"{pad}  … {node.hidden} entries below --depth")
+    return lines
 
 
 def _rule_lines(result: RuleResult) -> list[str]:
@@ -73,7 +134,7 @@ def diff_context(report: DiffReport) -> list[str]:
 
 def diff_sections(report: DiffReport) -> list[Section]:
     """The non-empty difference tables, most structural first."""
-    dtype_note = ("compared by value (--cast)" if report.tolerance.cast
+    dtype_note = ("compared by value, --cast" if report.tolerance.cast
                   else "values not compared; --cast compares them by value")
     sections = [
         Section("only in A", ("key",), tuple((k,) for k in report.only_in_a)),

@@ -1,0 +1,30 @@
+"""GitHub Actions output: one workflow command (``::error file=…::``) per finding.
+
+Actions turns these lines into annotations on the pull request, pointing at
+the checkpoint file. Only ``check`` has findings; every other report is the
+plain text one, which is what a CI log should show.
+"""
+
+from __future__ import annotations
+
+from ..check import CheckReport
+from .text import TextFormatter, check_summary
+
+__all__ = ["GithubFormatter"]
+
+
+def _escape(text: str, property_value: bool = False) -> str:
+    """Workflow-command escaping: ``%``, CR, LF always; ``:`` and ``,`` in properties."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
+
+
+class GithubFormatter(TextFormatter):
+    def check(self, report: CheckReport) -> str:
+        lines = []
+        for result in report.files:
+            for f in result.findings:
+                title = _escape(f"{f.code} {f.key}" if f.key else f.code, property_value=True)
+                lines.append(f"::{f.severity} file={_escape(str(f.path), True)},"
+                             f"title={title}::{_escape(f.message)}")
+        return "\n".join([*lines, check_summary(report)])

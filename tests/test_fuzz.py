@@ -1,0 +1,34 @@
+"""A bounded, seeded mutation-fuzzing run over every reader (``bench/fuzz.py`` runs longer)."""
+
+from __future__ import annotations
+
+from fixtures.fuzz import fuzz, run_case, seeds
+
+CASES = 140  # 20 per reader seed; each runs in a forked child with time and memory bounds
+
+
+def test_every_seed_reads(fx, tmp_path):
+    for seed in seeds(fx, tmp_path / "seeds"):
+        assert run_case(seed.root) is None, seed.name
+
+
+def test_mutated_inputs_never_escape_the_error_family(fx, tmp_path):
+    found = [f for _, f in fuzz(seeds(fx, tmp_path / "seeds"), CASES, tmp_path / "crashes")
+             if f is not None]
+    assert found == [], "\n\n".join(f"{f.seed} case {f.case}: {f.kind}\n{f.detail}"
+                                    for f in found[:3])
+
+
+def test_harness_catches_what_it_must(tmp_path):
+    def raises(path):
+        raise ValueError("boom")
+
+    def hangs(path):
+        import signal
+
+        signal.alarm(1)
+        while True:
+            pass
+
+    assert run_case(tmp_path, raises)[0] == "exception"
+    assert run_case(tmp_path, hangs)[0] == "timeout"
