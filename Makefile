@@ -10,7 +10,10 @@ PY := $(VENV)/bin/python
 TORCH_INDEX ?=
 OUT := build/demo
 
-.PHONY: demo test lint bench clean
+SIZE ?= 2
+MINUTES ?= 30
+
+.PHONY: demo test lint bench fuzz clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +33,12 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ckptport tests fixtures bench examples
 	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) bench/run.py --size-gb $(SIZE)
+
+fuzz: $(VENV)/.installed
+	$(PY) bench/fuzz.py --minutes $(MINUTES) --out bench/out/crashes
 
 clean:
 	rm -rf build bench/out

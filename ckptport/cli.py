@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from ._version import __version__
+from .checkpoint import Format
 from .errors import EXIT_ERROR, CkptportError
 from .progress import Progress, no_progress
 from .rules import CAST_CHOICES, NormalizeOptions
@@ -27,7 +28,8 @@ from .writers import ANCHOR_PATTERN, OutputFormat
 
 __all__ = ["main", "cli"]
 
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class Terminated(BaseException):
@@ -47,8 +49,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except CkptportError as exc:
             _fail(ctx, exc.line(), exc.exit_code, debug)
-        except (KeyboardInterrupt, Terminated):
+        except KeyboardInterrupt:
             _fail(ctx, "interrupted; nothing was written", EXIT_INTERRUPTED, debug)
+        except Terminated:
+            _fail(ctx, "terminated; nothing was written", EXIT_TERMINATED, debug)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:  # a bug: still one line and a failing exit code
@@ -247,7 +251,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
               help="Skip these rules.")
 @click.option("--finite", is_flag=True, help="Also fail on NaN/inf values (reads every tensor).")
 @click.option("--require-format", multiple=True,
-              type=click.Choice(["safetensors", "torch-zip", "torch-legacy"]),
+              type=click.Choice([f.value for f in Format]),
               help="Fail files in any other container format. Repeatable.")
 @click.option("--against", type=click.Path(path_type=Path), metavar="REF",
               help="Fail where the weights differ from the reference checkpoint REF.")

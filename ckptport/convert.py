@@ -23,12 +23,14 @@ from .readers import read, resolve
 from .rules import NormalizeOptions, RuleResult, normalize
 from .writers import OutputFormat, WriteResult, check_destination, output_format, write
 from .writers.dcp import write_dcp
+from .writers.safetensors import MetadataValue, Pending
 from .writers.shards import write_shards
 
 __all__ = ["ConvertReport", "convert", "sha256_files"]
 
 _CHUNK = 1 << 22
 DEFAULT_SHARD_SIZE = 5 * 10**9  # the hub's default
+SHA256_HEX_WIDTH = 64
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def _hash_into(digest: Any, path: Path) -> None:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+        raise InputError.from_os_error(exc, path) from None
 
 
 def convert(
@@ -81,31 +83,51 @@ def convert(
     elif not to_dcp:
         kind = output_format(target, to)  # fail on a bad extension before reading gigabytes
         check_destination(files, target, overwrite)
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    before = _snapshot(files)
+
+    def unchanged() -> None:
+        if _snapshot(files) != before:
+            raise InputError("changed while it was read; nothing was written, run again",
+                             source)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
         digest = pool.submit(sha256_files, files)
         checkpoint = read(source, trust=trust)
         normalized = normalize(checkpoint, options)
+        common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
+                  "metadata": _provenance(Pending(digest, SHA256_HEX_WIDTH),
+                                          checkpoint.source.metadata, normalized.results),
+                  "progress": progress, "precommit": unchanged}
+        if to_dcp:
+            written = write_dcp(normalized.checkpoint, target, overwrite=overwrite,
+                                verify=verify, progress=progress, precommit=unchanged)
+        elif sharded:
+            written = write_shards(normalized.checkpoint, target, kind=kind,
+                                   max_shard_size=max_shard_size or DEFAULT_SHARD_SIZE, **common)
+        else:
+            written = write(normalized.checkpoint, target, fmt=kind.value, **common)
         sha256 = digest.result()
-    common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
-              "metadata": _provenance(sha256, checkpoint.source.metadata, normalized.results),
-              "progress": progress}
-    if to_dcp:
-        written = write_dcp(normalized.checkpoint, target, overwrite=overwrite, verify=verify,
-                            progress=progress)
-    elif sharded:
-        written = write_shards(normalized.checkpoint, target, kind=kind,
-                               max_shard_size=max_shard_size or DEFAULT_SHARD_SIZE, **common)
-    else:
-        written = write(normalized.checkpoint, target, fmt=kind.value, **common)
     return ConvertReport(checkpoint.source, sha256, normalized.results, written)
+
+
+def _snapshot(files: tuple[Path, ...]) -> list[tuple[int, int, int]]:
+    """Identity, size and modification time of each source file, to notice a rewrite."""
+    stats = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise InputError.from_os_error(exc, path) from None
+        stats.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return stats
 
 
 SOURCE_SHA256_KEY = "ckptport.source_sha256"
 RULES_KEY = "ckptport.rules"
 
 
-def _provenance(sha256: str, source_metadata: Mapping[str, str],
-                results: tuple[RuleResult, ...]) -> Mapping[str, str]:
+def _provenance(sha256: Pending, source_metadata: Mapping[str, str],
+                results: tuple[RuleResult, ...]) -> Mapping[str, MetadataValue]:
     """Where the weights came from and what was done to them, across re-normalizations.
 
     A source that ckptport wrote already names the original checkpoint and

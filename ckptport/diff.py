@@ -325,7 +325,7 @@ def _compare_tensor(key: str, a: torch.Tensor, b: torch.Tensor, tolerance: Toler
 
 def _compare_chunk(a: torch.Tensor, b: torch.Tensor, offset: int, tolerance: Tolerance,
                    worst: _Worst) -> None:
-    """Fold one chunk pair into ``worst``; identical bytes cost one memcmp."""
+    """Fold one chunk pair into ``worst``; identical chunks cost one word compare."""
     import torch
 
     if a.dtype == b.dtype and _same_words(a, b):

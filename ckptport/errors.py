@@ -52,6 +52,17 @@ class CkptportError(Exception):
 class InputError(CkptportError):
     """The source cannot be read: missing, corrupt, truncated, unrecognized."""
 
+    @classmethod
+    def from_os_error(cls, exc: OSError, path: str | os.PathLike[str]) -> InputError:
+        """The cause in the words users search for, not errno prose."""
+        if isinstance(exc, FileNotFoundError):
+            return cls("no such file", path)
+        if isinstance(exc, IsADirectoryError):
+            return cls("is a directory, not a checkpoint file", path)
+        if isinstance(exc, PermissionError):
+            return cls("permission denied", path)
+        return cls(f"cannot read: {exc.strerror or exc}", path)
+
 
 class UnsafeCheckpointError(InputError):
     """The source needs globals that ckptport will not run without ``--trust``."""

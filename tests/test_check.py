@@ -147,6 +147,8 @@ def test_every_format_renders_check(fx):
 
 
 def test_rules_are_documented():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
     for code, rule in RULES.items():
         assert code == rule.code and rule.finds and rule.why and rule.fix
         assert rule.severity in ("error", "warning")
+        assert f"| `{code}` | {rule.name} | {rule.severity} | {rule.finds} |" in readme

@@ -51,6 +51,7 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 _STORAGE_KEY = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _COMPAT_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+_REFUSED = "refused: the file needs globals outside the weights-only allowlist:"
 _UNSUPPORTED_OPS = {"EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
 
 
@@ -288,8 +289,7 @@ class _Machine:
         if not allowlist.is_dangerous(name):
             return GlobalRef(name)
         if not self.lenient:
-            raise _Refused(f"refused: the pickle references {name}, a global that can run "
-                           "code; nothing was run", (name,))
+            raise _Refused(f"{_REFUSED} {name}, which can run code; nothing was run", (name,))
         self.refused[name] = None
         return GlobalRef(name, dangerous=True)
 
@@ -324,8 +324,8 @@ class _Machine:
     def refuse_call(self, name: str, args: tuple[Any, ...], dangerous: bool) -> ObjectRecord:
         """Refuse a call; in lenient mode keep it as a record (dangerous names listed)."""
         if not self.lenient:
-            raise _Refused(f"refused: the pickle calls {name}, a function outside the "
-                           "allow-list; nothing was run", (name,))
+            raise _Refused(f"{_REFUSED} {name}, a function ckptport never calls; nothing "
+                           "was run", (name,))
         if dangerous:
             self.refused[name] = None
         return ObjectRecord(name, kind="call", args=args)
@@ -509,7 +509,7 @@ class _Pid:
     numel: int
 
 
-def _parse_pid(pid: Any, table: dict[str, Any], fields: int) -> _Pid:
+def _parse_pid(pid: Any, storage_types: frozenset[type], fields: int) -> _Pid:
     import torch
 
     if not isinstance(pid, tuple) or not pid or pid[0] not in ("storage", b"storage"):
@@ -518,8 +518,6 @@ def _parse_pid(pid: Any, table: dict[str, Any], fields: int) -> _Pid:
     if len(pid) != fields or (fields == 6 and pid[5] is not None):
         raise _Refused(f"a malformed storage persistent id of {len(pid)} fields")
     _, storage_type, key, location, numel = pid[:5]
-    storage_types = {v for v in table.values() if isinstance(v, type)
-                     and issubclass(v, (torch.UntypedStorage, torch.storage._LegacyStorage))}
     if storage_type not in storage_types:
         raise _Refused(f"a storage of type {_kind(storage_type)}")
     if isinstance(location, bytes):
@@ -540,7 +538,12 @@ class _Storages:
 
     def __init__(self, tensors: _Tensors, table: dict[str, Any], fields: int,
                  make: Callable[[_Pid, int], Any]) -> None:
-        self.tensors, self.table, self.fields, self.make = tensors, table, fields, make
+        import torch
+
+        self.tensors, self.fields, self.make = tensors, fields, make
+        self.storage_types = frozenset(
+            v for v in table.values() if isinstance(v, type)
+            and issubclass(v, (torch.UntypedStorage, torch.storage._LegacyStorage)))
         self.cache: dict[str, Any] = {}
         self.declared: dict[str, _Pid] = {}
         self.locations: Counter[str] = Counter()
@@ -548,7 +551,7 @@ class _Storages:
     def __call__(self, pid: Any) -> Any:
         import torch
 
-        parsed = _parse_pid(pid, self.table, self.fields)
+        parsed = _parse_pid(pid, self.storage_types, self.fields)
         if parsed.key not in self.cache:
             nbytes = parsed.numel * torch._utils._element_size(parsed.dtype)
             typed = torch.storage.TypedStorage(wrap_storage=self.make(parsed, nbytes),

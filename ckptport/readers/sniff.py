@@ -24,14 +24,8 @@ def sniff(path: Path) -> Format:
         with path.open("rb") as f:
             head = f.read(9)
             size = path.stat().st_size
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a checkpoint file", path) from None
-    except PermissionError:
-        raise InputError("permission denied", path) from None
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+        raise InputError.from_os_error(exc, path) from None
     if not head:
         raise InputError("empty file (0 bytes), not a checkpoint", path)
     if head[:4] in _ZIP_MAGICS:

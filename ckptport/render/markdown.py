@@ -2,21 +2,18 @@
 
 Same tables as the text report (``text.diff_sections``), as GitHub tables,
 with the verdict in the heading so a reviewer sees it without scrolling.
+Only ``diff`` has a markdown form; every other report is the text one.
 """
 
 from __future__ import annotations
 
-from ..convert import ConvertReport
 from ..diff import DiffReport
 from .text import DIFF_LIMIT, Section, TextFormatter, diff_context, diff_sections
 
 __all__ = ["MarkdownFormatter"]
 
 
-class MarkdownFormatter:
-    def convert(self, report: ConvertReport) -> str:
-        return f"```\n{TextFormatter().convert(report)}\n```"
-
+class MarkdownFormatter(TextFormatter):
     def diff(self, report: DiffReport, limit: int | None = None) -> str:
         verdict = "equal" if report.equal else "different"
         lines = [f"### ckptport diff: {verdict}", "", f"**{_escape(report.summary())}**", "",

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint, iter_tensors
 from ..errors import OutputError
 from ..progress import Progress, no_progress
 from .atomic import AtomicFile, atomic_file
 from .verify import verify_pth, verify_safetensors
+
+if TYPE_CHECKING:
+    from .safetensors import MetadataValue
 
 __all__ = ["OutputFormat", "WriteResult", "write", "emit", "output_format", "check_destination",
            "same_file", "count_tensors", "unique_bytes", "ANCHOR_PATTERN"]
@@ -70,10 +73,15 @@ def write(
     anchor: str = "cpu",
     overwrite: bool = False,
     verify: bool = True,
-    metadata: Mapping[str, str] | None = None,
+    metadata: Mapping[str, MetadataValue] | None = None,
     progress: Progress = no_progress,
+    precommit: Callable[[], None] = lambda: None,
 ) -> WriteResult:
-    """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified."""
+    """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified.
+
+    ``precommit`` runs after verification, just before ``dst`` appears; an
+    error it raises leaves ``dst`` untouched (the source changed meanwhile).
+    """
     path = Path(dst)
     kind = output_format(path, fmt)
     check_destination(checkpoint.source.files, path, overwrite)
@@ -81,6 +89,7 @@ def write(
         with atomic_file(path, overwrite=overwrite) as out:
             emit(kind, checkpoint.tree, out, anchor=anchor, verify=verify,
                  metadata=metadata or {}, progress=progress)
+            precommit()
             out.publish()
     except OSError as exc:
         raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
@@ -89,7 +98,7 @@ def write(
 
 
 def emit(kind: OutputFormat, tree: Any, out: AtomicFile, *, anchor: str, verify: bool,
-         metadata: Mapping[str, str], progress: Progress) -> None:
+         metadata: Mapping[str, MetadataValue], progress: Progress) -> None:
     """Write ``tree`` into ``out``'s temp file, fsync it and verify it (not yet published)."""
     name, total = out.dst.name, unique_bytes(tree)
     if kind is OutputFormat.PTH:

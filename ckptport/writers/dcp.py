@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ __all__ = ["write_dcp"]
 
 
 def write_dcp(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, overwrite: bool = False,
-              verify: bool = True, progress: Progress = no_progress) -> WriteResult:
+              verify: bool = True, progress: Progress = no_progress,
+              precommit: Callable[[], None] = lambda: None) -> WriteResult:
     import torch.distributed.checkpoint as dcp
 
     from ..readers.dcp import read_dcp
@@ -57,6 +58,7 @@ def write_dcp(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, overwrite:
             if problems:
                 raise VerificationError("written DCP folder reads back different: "
                                         + "; ".join(problems), folder)
+        precommit()
         _swap_in(staging, folder)
     except OSError as exc:
         raise OutputError(f"cannot write: {exc.strerror or exc}", folder) from exc

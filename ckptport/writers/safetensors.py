@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Union
 
 from .. import treejson
 from .._version import __version__
@@ -25,7 +26,26 @@ from ..readers.safetensors import ALIASES_KEY, TREE_KEY
 from ..safetensors_layout import ITEMSIZE, Entry, encode_header
 from ..tensorops import as_bytes, view_key
 
-__all__ = ["SafetensorsPlan", "plan_safetensors", "write_safetensors"]
+__all__ = ["Pending", "MetadataValue", "SafetensorsPlan", "plan_safetensors",
+           "write_safetensors"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A metadata value still being computed while tensors are written (the source's sha256).
+
+    The header is written with a placeholder of the same width and patched
+    in place once the value is known, so hashing overlaps writing.
+    """
+
+    future: Future[str]
+    width: int
+
+    def placeholder(self) -> str:
+        return "0" * self.width
+
+
+MetadataValue = Union[str, Pending]  # noqa: UP007 (a runtime alias on Python 3.10)
 
 
 @dataclass(frozen=True)
@@ -35,14 +55,26 @@ class SafetensorsPlan:
     tensors: Mapping[str, Any]
     entries: Mapping[str, Entry]
     aliases: Mapping[str, tuple[str, ...]]
-    metadata: Mapping[str, str]
+    metadata: Mapping[str, MetadataValue]
     header: bytes = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "header", encode_header(self.metadata, self.entries))
+        placeholders = {k: v.placeholder() if isinstance(v, Pending) else v
+                        for k, v in self.metadata.items()}
+        object.__setattr__(self, "header", encode_header(placeholders, self.entries))
+
+    def final_header(self) -> bytes:
+        """The header with every pending value resolved; same length as ``header``."""
+        values = {k: v.future.result() if isinstance(v, Pending) else v
+                  for k, v in self.metadata.items()}
+        header = encode_header(values, self.entries)
+        if len(header) != len(self.header):
+            raise ValueError("a pending metadata value changed the header's length")
+        return header
 
 
-def plan_safetensors(tree: Any, metadata: Mapping[str, str], dst: Any) -> SafetensorsPlan:
+def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
+                     dst: Any) -> SafetensorsPlan:
     canonical: dict[Any, str] = {}
     names: dict[int, str] = {}
     tensors: dict[str, Any] = {}
@@ -97,3 +129,7 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO,
         if tensor.numel():
             file.write(memoryview(as_bytes(tensor).numpy()))
         advance(tensor.numel() * tensor.element_size())
+    if any(isinstance(v, Pending) for v in plan.metadata.values()):
+        file.seek(0)
+        file.write(plan.final_header())
+        file.seek(0, 2)

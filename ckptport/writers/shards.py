@@ -18,10 +18,10 @@ import re
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint, rebuild_dict
 from ..errors import OutputError
@@ -30,6 +30,9 @@ from ..rules.select import is_state_dict
 from ..tensorops import view_key
 from . import OutputFormat, WriteResult, count_tensors, emit, same_file, unique_bytes
 from .atomic import TEMP_SUFFIX, atomic_file, fsync_dir
+
+if TYPE_CHECKING:
+    from .safetensors import MetadataValue
 
 __all__ = ["write_shards", "parse_size", "split_shards", "ShardNames"]
 
@@ -109,8 +112,9 @@ def write_shards(
     anchor: str = "cpu",
     overwrite: bool = False,
     verify: bool = True,
-    metadata: Mapping[str, str] | None = None,
+    metadata: Mapping[str, MetadataValue] | None = None,
     progress: Progress = no_progress,
+    precommit: Callable[[], None] = lambda: None,
 ) -> WriteResult:
     """Write ``checkpoint`` (a state dict) as a shard set in the folder ``dst``."""
     folder = Path(dst)
@@ -127,6 +131,7 @@ def write_shards(
         try:
             files = _write_staged(staging, state, groups, names, kind, anchor, verify,
                                   dict(metadata or {}), progress)
+            precommit()
             _publish(staging, folder, files, names)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
