@@ -139,6 +139,8 @@ def test_allowed_callables_check_their_arguments(tmp_path, body, message):
     path = write_zip(tmp_path / "f.pt", PROTO2 + body + STOP, ())
     with pytest.raises(InputError, match=message):
         load_restricted(path, Format.TORCH_ZIP)
+    with pytest.raises(InputError):  # the fast path refuses or hands over; nothing allocates
+        ckptport.read(path)
 
 
 def test_trust_still_unpickles_fully(fx, run, tmp_path):

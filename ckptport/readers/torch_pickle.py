@@ -32,6 +32,11 @@ from .restricted import check_tensor_sizes, load_restricted, settle
 __all__ = ["read_torch"]
 
 _LEGACY_PICKLES = 4  # magic number, protocol version, sys info, the object
+# torch's weights-only reader calls these with whatever the pickle passes:
+# bytearray(10**12) or numpy's _reconstruct with a shape of 10**12 allocate a
+# terabyte. Files naming them go to the restricted reader, which checks arguments.
+_ALLOCATING_GLOBALS = frozenset({"builtins.bytearray", "numpy.core.multiarray._reconstruct",
+                                 "numpy._core.multiarray._reconstruct"})
 
 
 def read_torch(path: Path, fmt: Format, *, trust: bool = False,
@@ -53,6 +58,8 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False,
 
     refused: tuple[str, ...] = ()
     try:
+        if not trust and _ALLOCATING_GLOBALS.intersection(found_globals):
+            raise _WeightsOnlyRefused()
         tree = _load(path, fmt, to_cpu, trust)
     except _WeightsOnlyRefused:
         loaded = load_restricted(path, fmt, lenient=lenient)

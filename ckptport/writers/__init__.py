@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint, iter_tensors
-from ..errors import OutputError
+from ..errors import OutputError, VerificationError
 from ..progress import Progress, no_progress
 from .atomic import AtomicFile, atomic_file
 from .verify import verify_pth, verify_safetensors
@@ -101,21 +101,24 @@ def emit(kind: OutputFormat, tree: Any, out: AtomicFile, *, anchor: str, verify:
          metadata: Mapping[str, MetadataValue], progress: Progress) -> None:
     """Write ``tree`` into ``out``'s temp file, fsync it and verify it (not yet published)."""
     name, total = out.dst.name, unique_bytes(tree)
-    if kind is OutputFormat.PTH:
-        from .pth import write_pth
+    try:
+        if kind is OutputFormat.PTH:
+            from .pth import write_pth
 
-        write_pth(tree, out.file, anchor, progress(f"writing {name}", total))
-        out.sync()
-        if verify:
-            verify_pth(out.tmp, tree, anchor, progress(f"verifying {name}", total))
-    else:
-        from .safetensors import plan_safetensors, write_safetensors
+            write_pth(tree, out.file, anchor, progress(f"writing {name}", total))
+            out.sync()
+            if verify:
+                verify_pth(out.tmp, tree, anchor, progress(f"verifying {name}", total))
+        else:
+            from .safetensors import plan_safetensors, write_safetensors
 
-        plan = plan_safetensors(tree, metadata, out.dst)
-        write_safetensors(plan, out.file, progress(f"writing {name}", total))
-        out.sync()
-        if verify:
-            verify_safetensors(out.tmp, plan, tree, progress(f"verifying {name}", total))
+            plan = plan_safetensors(tree, metadata, out.dst)
+            write_safetensors(plan, out.file, progress(f"writing {name}", total))
+            out.sync()
+            if verify:
+                verify_safetensors(out.tmp, plan, tree, progress(f"verifying {name}", total))
+    except VerificationError as exc:  # name the destination, not its temp file
+        raise VerificationError(exc.message, out.dst) from exc
 
 
 def check_destination(sources: tuple[Path, ...], dst: Path, overwrite: bool) -> None:

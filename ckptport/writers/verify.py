@@ -29,6 +29,8 @@ def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance) -> None
             warnings.simplefilter("ignore")
             actual = torch.load(path, weights_only=True, mmap=True,
                                 map_location="cpu" if anchor != "cpu" else None)
+    except OSError:
+        raise  # the file went away or the disk failed: an output error, not a bad file
     except Exception as exc:  # any failure to load is the finding itself
         raise VerificationError(f"written file does not load with weights_only=True: {exc}",
                                 path) from exc
