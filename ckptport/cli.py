@@ -192,10 +192,13 @@ def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option("--format", "report_format", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True, help="Report format on stdout.")
+@click.option("--plot", type=click.Path(path_type=Path), metavar="PNG",
+              help="Also draw per-tensor max relative error, in model order (needs matplotlib).")
 @click.pass_context
 def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
          strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, raw: bool, atol: float,
-         rtol: float, cast: bool, limit: int, quiet: bool, report_format: str) -> None:
+         rtol: float, cast: bool, limit: int, quiet: bool, report_format: str,
+         plot: Path | None) -> None:
     """Compare checkpoints A and B (any formats), both normalized alike first.
 
     Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
@@ -215,6 +218,10 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
                                   options=None if raw else options, raw=raw, progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
+    if plot is not None:
+        from .plot import plot_drift
+
+        plot_drift(report, plot)
     if not report.equal:
         ctx.exit(EXIT_FINDINGS)
 

@@ -145,6 +145,7 @@ class DiffReport:
     value_mismatches: tuple[TensorDelta, ...] = ()
     within_tolerance: tuple[TensorDelta, ...] = ()
     leaf_mismatches: tuple[LeafMismatch, ...] = ()
+    compared: tuple[str, ...] = ()  # keys compared by value, in model order
     tensors_differing: int = field(init=False)
     largest: TensorDelta | None = field(init=False)
     equal: bool = field(init=False)
@@ -234,7 +235,7 @@ def diff(
         shape_mismatches=tuple(shapes), dtype_mismatches=tuple(dtypes),
         value_mismatches=tuple(d for d in deltas if d.differing),
         within_tolerance=tuple(d for d in deltas if not d.differing),
-        leaf_mismatches=tuple(leaves),
+        leaf_mismatches=tuple(leaves), compared=tuple(key for key, _, _ in pairs),
     )
 
 

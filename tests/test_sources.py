@@ -172,3 +172,30 @@ def test_renamed_copy_reads_the_same(fx, tmp_path):
     copy = tmp_path / "weights.bin"
     shutil.copy(fx["plain"], copy)
     assert ckptport.diff(copy, fx["plain"]).equal
+
+
+def test_drift_plot_is_a_png_of_the_right_series(fx, run, tmp_path):
+    from ckptport.plot import drift_series
+
+    state = ckptport.load_state_dict(fx["plain"])
+    moved = {k: v.clone() for k, v in state.items()}
+    moved["conv.weight"] = moved["conv.weight"] * (1 + 1e-3)
+    moved["head.1.bias"] = moved["head.1.bias"].to(torch.bfloat16).to(torch.float32)
+    other = tmp_path / "moved.pth"
+    torch.save(moved, other)
+    png = tmp_path / "drift.png"
+    result = run("diff", fx["plain"], other, "--rtol", "1e-2", "--plot", png)
+    assert result.exit_code == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib import image
+
+    height, width, _ = image.imread(png).shape
+    assert width >= 600 and height == 400
+
+    series = drift_series(ckptport.diff(fx["plain"], other, rtol=1e-2))
+    assert series.keys == tuple(state)  # model order
+    by_key = dict(zip(series.keys, series.max_rel, strict=True))
+    assert by_key["conv.weight"] == pytest.approx(1e-3, rel=1e-3)
+    assert 0 < by_key["head.1.bias"] < 4e-3  # bfloat16 rounding
+    assert all(v == 0 for k, v in by_key.items() if k not in ("conv.weight", "head.1.bias"))
+    assert series.tolerance == 1e-2
