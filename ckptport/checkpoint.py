@@ -45,6 +45,7 @@ class Format(str, enum.Enum):
     TORCH_SHARDS = "torch-shards"
     SAFETENSORS_SHARDS = "safetensors-shards"
     DCP = "dcp"
+    TORCHSCRIPT = "torchscript"
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,21 @@ def test_drift_plot_is_a_png_of_the_right_series(fx, run, tmp_path):
     assert 0 < by_key["head.1.bias"] < 4e-3  # bfloat16 rounding
     assert all(v == 0 for k, v in by_key.items() if k not in ("conv.weight", "head.1.bias"))
     assert series.tolerance == 1e-2
+
+
+def test_torchscript_is_refused_unless_trusted(run, tmp_path, sentinel):
+    model = TinyNet().eval()
+    scripted = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(model), scripted)
+    out = tmp_path / "state.safetensors"
+    result = run("normalize", scripted, out)
+    assert result.exit_code == 2 and "a TorchScript archive (torch.jit.save)" in result.stderr
+    assert "with --trust its parameters and buffers are extracted" in result.stderr
+    assert not out.exists()
+    result = run("normalize", scripted, out, "--trust")
+    assert result.exit_code == 0, result.stderr
+    assert "warning: --trust" in result.stderr and "torchscript" in result.stdout
+    state = load_output(out)
+    TinyNet().load_state_dict(state, strict=True)
+    assert all(same_bits(state[k], v) for k, v in model.state_dict().items())
+    assert not sentinel.exists()

@@ -47,8 +47,12 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False,
     and refused calls as inert records listed in ``refused_globals`` instead
     of refusing the file; they are never imported or called either way.
     """
-    if fmt is Format.TORCH_ZIP:
-        _refuse_torchscript(path)
+    if fmt is Format.TORCH_ZIP and _is_torchscript(path):
+        if not trust:
+            raise InputError("a TorchScript archive (torch.jit.save): loading one runs its "
+                             "code, so ckptport refuses it; with --trust its parameters and "
+                             "buffers are extracted into a state dict", path)
+        return _read_torchscript(path)
     found_globals = _scan(path, fmt)
     locations: Counter[str] = Counter()
 
@@ -117,7 +121,7 @@ def _load(path: Path, fmt: Format, map_location: Any, trust: bool) -> Any:
 def _scan(path: Path, fmt: Format) -> tuple[str, ...]:
     try:
         if fmt is Format.TORCH_ZIP:
-            data = io.BytesIO(_zip_reader(path).get_record("data.pkl"))
+            data = io.BytesIO(_zip_reader(path).get_record("data.pkl"))  # after the name check
             found = scan_globals(data)
             trailing = len(data.getbuffer()) - data.tell()
             if trailing:  # torch would ignore them; a scanner looking there would be fooled
@@ -140,18 +144,33 @@ def _zip_reader(path: Path) -> Any:
     return torch._C.PyTorchFileReader(str(path))
 
 
-def _refuse_torchscript(path: Path) -> None:
+def _is_torchscript(path: Path) -> bool:
     try:
         names = _zip_reader(path).get_all_records()
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:  # ValueError: record names that are not UTF-8
         raise InputError(f"corrupt or truncated zip: {_first_line(exc)}", path) from None
     if "data.pkl" not in names and "constants.pkl" not in names:
         raise InputError("zip archive has no data.pkl: not a torch checkpoint", path)
-    if "constants.pkl" in names:
-        raise InputError(
-            "a TorchScript archive (torch.jit.save), not a checkpoint; its code is never run",
-            path,
-        )
+    return "constants.pkl" in names
+
+
+def _read_torchscript(path: Path) -> Checkpoint:
+    """Parameters and buffers of a TorchScript module; only ever with ``--trust``."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.jit's own deprecation notice
+            module = torch.jit.load(str(path), map_location="cpu")  # --trust: user vouched
+    except Exception as exc:  # torch reports broken archives with many exception types
+        raise InputError(f"corrupt TorchScript archive: {_first_line(exc)}", path) from exc
+    tree = module.state_dict()
+    count = sum(1 for _ in iter_tensors(tree))
+    return Checkpoint(tree, SourceFacts(
+        path=path, format=Format.TORCHSCRIPT, size=path.stat().st_size,
+        storage_locations={"cpu": count} if count else {}, shared_storages=_shared_storages(tree),
+        trusted=True,
+    ))
 
 
 def _shared_storages(tree: Any) -> tuple[tuple[str, ...], ...]:
