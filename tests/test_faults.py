@@ -180,3 +180,24 @@ def test_safetensors_output_loads_even_when_hash_is_slow(fx, tmp_path, monkeypat
         assert f.metadata()["ckptport.source_sha256"] == report.source_sha256 == \
             sha256(fx["ddp_cuda3"])
         assert torch.equal(f.get_tensor("bn.weight"), ckptport.read(out).tree["bn.weight"])
+
+
+def test_check_in_parallel_reports_what_a_serial_run_reports(fx, tmp_path):
+    """Many `ckptport check` processes at once give each file the report one process gives."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = ["ddp_cuda3", "ddp_cuda3_legacy", "plain", "slice", "tied", "dtypes", "truncated",
+             "malicious_zip"]
+    paths = [str(fx[n]) for n in names]
+
+    def check(*files: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "ckptport", "check", *files, "--format",
+                               "json"], capture_output=True, text=True, timeout=120)
+        return json.loads(proc.stdout)
+
+    serial = {f["path"]: f for f in check(*paths)["files"]}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = [doc["files"][0] for doc in pool.map(check, paths)]
+    assert {f["path"]: f for f in parallel} == serial
+    assert {f["path"] for f in parallel} == set(paths)
