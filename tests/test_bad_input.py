@@ -138,3 +138,14 @@ def test_disk_full_leaves_nothing(fx, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not any(p.name.endswith(atomic.TEMP_SUFFIX) or p.name == "o.pth"
                    for p in tmp_path.iterdir())
+
+
+def test_lying_string_length_is_refused_before_allocating(run, tmp_path):
+    """Found by the fuzzer: a legacy pickle whose 8-byte string length claims exabytes."""
+    import struct
+
+    bad = tmp_path / "lying.pth"
+    bad.write_bytes(b"\x80\x02\x8d" + struct.pack("<Q", 2**62) + b"x" * 16)
+    result = run("normalize", bad, tmp_path / "o.pth")
+    assert result.exit_code == 2
+    assert "declares 4611686018427387904 bytes, past the end of the data" in result.stderr

@@ -7,6 +7,7 @@ security boundary: the boundary is the weights-only unpickler.
 
 from __future__ import annotations
 
+import io
 import pickletools
 from typing import IO
 
@@ -16,13 +17,40 @@ _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRI
                "BINSTRING", "SHORT_BINSTRING"}
 
 
+class _Bounded:
+    """A stream that refuses reads longer than what is left of it.
+
+    ``genops`` reads a string opcode's declared length in one call, and a
+    buffered file allocates that much before finding the file shorter: a
+    lying 8-byte length would ask for exabytes.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        start = stream.tell()
+        self._end = stream.seek(0, io.SEEK_END)
+        stream.seek(start)
+
+    def read(self, n: int = -1) -> bytes:
+        if n > self._end - self._stream.tell():
+            raise ValueError(f"a pickle opcode declares {n} bytes, past the end of the data")
+        return self._stream.read(n)
+
+    def readline(self) -> bytes:
+        return self._stream.readline()
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+
 def scan_globals(stream: IO[bytes], pickles: int = 1) -> tuple[str, ...]:
     """Qualified names of GLOBAL / STACK_GLOBAL in ``pickles`` consecutive pickles."""
     found: dict[str, None] = {}
+    bounded = _Bounded(stream)
     for _ in range(pickles):
         strings: list[str] = []
         memo: dict[int, str] = {}
-        for opcode, arg, _pos in pickletools.genops(stream):
+        for opcode, arg, _pos in pickletools.genops(bounded):
             name = opcode.name
             if name in _STRING_OPS and isinstance(arg, (str, bytes)):
                 strings.append(arg if isinstance(arg, str) else arg.decode("latin-1"))
