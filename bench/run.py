@@ -19,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from fixtures.make_fixtures import recorded_on  # noqa: E402  (torch-saving helper, shared)
+
 OUT = HERE / "out"
 MB = 1024 * 1024
 GIB = 1024**3
@@ -31,19 +33,6 @@ TIME_BIN = "/usr/bin/time"
 SAMPLE_S = 0.02
 
 # --------------------------------------------------------------------------- source file
-
-
-@contextlib.contextmanager
-def _recorded_on(location: str) -> Iterator[None]:
-    """Make ``torch.save`` record every storage as ``location`` (as fixtures/ does)."""
-    import torch
-
-    original = torch.serialization.location_tag
-    torch.serialization.location_tag = lambda storage: location
-    try:
-        yield
-    finally:
-        torch.serialization.location_tag = original
 
 
 def _layout(size_bytes: int, d: int) -> list[tuple[str, tuple[int, ...], str]]:
@@ -109,7 +98,7 @@ def generate(path: Path, size_gb: float) -> None:
         ),
     }
     tmp = path.with_suffix(".partial")
-    with _recorded_on("cuda:0"), open(tmp, "wb") as f:  # file object: deterministic bytes
+    with recorded_on("cuda:0"), open(tmp, "wb") as f:  # file object: deterministic bytes
         torch.save(ckpt, f)
         f.flush()
         os.fsync(f.fileno())

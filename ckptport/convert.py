@@ -94,10 +94,11 @@ def convert(
         digest = pool.submit(sha256_files, files)
         checkpoint = read(source, trust=trust)
         normalized = normalize(checkpoint, options)
-        common = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
-                  "metadata": _provenance(Pending(digest, SHA256_HEX_WIDTH),
-                                          checkpoint.source.metadata, normalized.results),
-                  "progress": progress, "precommit": unchanged}
+        common: dict[str, Any] = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
+                                  "metadata": _provenance(Pending(digest, SHA256_HEX_WIDTH),
+                                                          checkpoint.source.metadata,
+                                                          normalized.results),
+                                  "progress": progress, "precommit": unchanged}
         if to_dcp:
             written = write_dcp(normalized.checkpoint, target, overwrite=overwrite,
                                 verify=verify, progress=progress, precommit=unchanged)

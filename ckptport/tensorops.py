@@ -24,7 +24,7 @@ def view_key(tensor: torch.Tensor) -> ViewKey | None:
     storage = storage_key(tensor)
     if storage is None:
         return None
-    return (storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+    return (storage, int(tensor.storage_offset()), tuple(tensor.shape), tuple(tensor.stride()),
             str(tensor.dtype))
 
 

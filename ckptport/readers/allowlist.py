@@ -308,13 +308,18 @@ def _torch_table() -> dict[str, Any]:
 
 
 @functools.cache
-def _static_table() -> dict[str, Any]:
+def _plain_table() -> dict[str, Any]:
+    """The entries that need no torch: builtins, collections, argparse, numpy."""
     table: dict[str, Any] = {entry.name: entry for entry in _base_entries()}
     # bases named by copyreg._reconstructor: data here, never called
     table.update({f"builtins.{kind.__name__}": kind for kind in (object, dict, list)})
     table.update(_numpy_table())
-    table.update(_torch_table())
     return table
+
+
+@functools.cache
+def _static_table() -> dict[str, Any]:
+    return {**_plain_table(), **_torch_table()}
 
 
 def is_allowed(qualname: str) -> bool:
@@ -322,13 +327,17 @@ def is_allowed(qualname: str) -> bool:
     return qualname in torch_default_names() or qualname in _static_table()
 
 
-def restricted_table(extra: list[Allowed]) -> dict[str, Any]:
+def restricted_table(extra: list[Allowed],
+                     torch_values: dict[str, Any] | None = None) -> dict[str, Any]:
     """Qualified name -> the object a GLOBAL resolves to.
 
     ``extra`` are the unpickler's own entries (tensor rebuilds, which close
-    over its storages), so they are added per call.
+    over its storages), so they are added per call. ``torch_values``, when
+    given, stands in for torch's dtypes, storage classes, ``torch.Size`` and
+    the like (``describe`` records them without importing torch).
     """
-    return {**_static_table(), **{entry.name: entry for entry in extra}}
+    base = {**_plain_table(), **torch_values} if torch_values else _static_table()
+    return {**base, **{entry.name: entry for entry in extra}}
 
 
 def build_state(target: Any, state: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import pickletools
-from typing import IO
+from typing import IO, cast
 
 __all__ = ["scan_globals"]
 
@@ -50,16 +50,16 @@ def scan_globals(stream: IO[bytes], pickles: int = 1) -> tuple[str, ...]:
     for _ in range(pickles):
         strings: list[str] = []
         memo: dict[int, str] = {}
-        for opcode, arg, _pos in pickletools.genops(bounded):
+        for opcode, arg, _pos in pickletools.genops(cast(IO[bytes], bounded)):
             name = opcode.name
             if name in _STRING_OPS and isinstance(arg, (str, bytes)):
                 strings.append(arg if isinstance(arg, str) else arg.decode("latin-1"))
             elif name == "MEMOIZE" and strings:
                 memo[len(memo)] = strings[-1]
-            elif name in {"PUT", "BINPUT", "LONG_BINPUT"} and strings:
-                memo[int(arg)] = strings[-1]
-            elif name in {"GET", "BINGET", "LONG_BINGET"} and int(arg) in memo:
-                strings.append(memo[int(arg)])
+            elif name in {"PUT", "BINPUT", "LONG_BINPUT"} and strings and isinstance(arg, int):
+                memo[arg] = strings[-1]
+            elif name in {"GET", "BINGET", "LONG_BINGET"} and arg in memo:
+                strings.append(memo[cast(int, arg)])
             elif name == "GLOBAL" and isinstance(arg, str):
                 found[arg.replace(" ", ".")] = None
             elif name == "STACK_GLOBAL" and len(strings) >= 2:

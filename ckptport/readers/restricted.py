@@ -42,7 +42,8 @@ from . import allowlist
 from .allowlist import Allowed, RestrictedArgumentError
 
 __all__ = ["ObjectRecord", "GlobalRef", "Backref", "RestrictedLoad", "load_restricted",
-           "settle", "check_tensor_sizes", "MAX_NODES", "MAX_DEPTH"]
+           "settle", "check_tensor_sizes", "MAX_NODES", "MAX_DEPTH", "TorchRebuilders",
+           "unpickle_zip_data"]
 
 MAX_NODES = 10_000_000  # objects the tree may expand to when shared references are followed
 MAX_DEPTH = 300  # nesting ckptport's recursive rules handle without exhausting the stack
@@ -402,14 +403,92 @@ def _kind(value: Any) -> str:
 # -- tensors -----------------------------------------------------------------
 
 
+class TorchRebuilders:
+    """Real tensors: torch's own rebuild functions, called once ``_Tensors`` checked the view.
+
+    The restricted unpickler's logic is generic; what a storage, a tensor or
+    a parameter becomes is decided by a rebuilders object passed in. This
+    one makes torch objects; ``describe.Recorders`` makes descriptions of
+    them without importing torch. The methods of both:
+
+    - ``values()``: torch's globals as pickle values (dtypes, storage
+      classes, ``torch.Tensor``), keyed by qualified name;
+    - ``storage_dtype(value)``: a storage class's dtype, None for other values;
+    - ``itemsize(dtype)``; ``typed(untyped, dtype)``: a loader's bytes as a storage
+      that has ``size()`` (elements) and ``element_size()``;
+    - ``tensor(storage, offset, size, stride, requires_grad, metadata)`` and
+      ``legacy_tensor(storage, offset, size, stride)``;
+    - ``is_plain_tensor(value)``, ``parameter(data, requires_grad, state)``;
+    - ``tensor_types()`` (the classes a tensor may be rebuilt as) and
+      ``from_type(func, new_type, args, state)``.
+    """
+
+    def values(self) -> dict[str, Any]:
+        return {}  # already in ``allowlist.restricted_table``
+
+    def storage_dtype(self, value: Any) -> Any:
+        import torch
+
+        if not isinstance(value, type):
+            return None
+        if issubclass(value, torch.UntypedStorage):
+            return torch.uint8
+        return value.dtype if issubclass(value, torch.storage._LegacyStorage) else None
+
+    def itemsize(self, dtype: Any) -> int:
+        import torch
+
+        return int(torch._utils._element_size(dtype))
+
+    def typed(self, untyped: Any, dtype: Any) -> Any:
+        import torch
+
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+    def tensor(self, storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
+               requires_grad: bool, metadata: Any) -> Any:
+        import torch
+
+        return torch._utils._rebuild_tensor_v2(storage, offset, torch.Size(size), stride,
+                                               requires_grad, OrderedDict(), metadata)
+
+    def legacy_tensor(self, storage: Any, offset: int, size: tuple[int, ...],
+                      stride: tuple[int, ...]) -> Any:
+        import torch
+
+        return torch._utils._rebuild_tensor(storage, offset, torch.Size(size), stride)
+
+    def is_plain_tensor(self, value: Any) -> bool:
+        import torch
+
+        return type(value) is torch.Tensor
+
+    def parameter(self, data: Any, requires_grad: bool, state: Any) -> Any:
+        import torch
+
+        parameter = torch._utils._rebuild_parameter(data, requires_grad, OrderedDict())
+        return torch._utils._set_obj_state(parameter, state) if state else parameter
+
+    def tensor_types(self) -> tuple[Any, ...]:
+        import torch
+
+        return torch.Tensor, torch.nn.Parameter
+
+    def from_type(self, func: Any, new_type: Any, args: tuple[Any, ...], state: Any) -> Any:
+        import torch
+
+        return torch._tensor._rebuild_from_type_v2(func, new_type, args, state)
+
+
 class _Tensors:
-    """Tensor rebuild entries for the table: argument checks, then torch's own rebuilds.
+    """Tensor rebuild entries for the table: argument checks, then the rebuilders' calls.
 
     Only storages this reader made (``storages``) are accepted, and every
     view must lie inside its storage, so torch never sees a bad offset.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rebuilders: Any = None) -> None:
+        self.rebuilders = rebuilders if rebuilders is not None else TorchRebuilders()
         self.storages: set[int] = set()
 
     def entries(self) -> list[Allowed]:
@@ -444,39 +523,31 @@ class _Tensors:
 
     def rebuild_v2(self, storage: Any, offset: Any, size: Any, stride: Any,
                    requires_grad: Any, hooks: Any, metadata: Any = None) -> Any:
-        import torch
-
         self.check_view(storage, offset, size, stride)
         _no_hooks(hooks)
         if type(requires_grad) is not bool or not (metadata is None or _bool_dict(metadata)):
             raise RestrictedArgumentError("malformed tensor flags")
-        return torch._utils._rebuild_tensor_v2(storage, offset, torch.Size(size), tuple(stride),
-                                               requires_grad, OrderedDict(), metadata)
+        return self.rebuilders.tensor(storage, offset, tuple(size), tuple(stride),
+                                      requires_grad, metadata)
 
     def rebuild(self, storage: Any, offset: Any, size: Any, stride: Any) -> Any:
-        import torch
-
         self.check_view(storage, offset, size, stride)
-        return torch._utils._rebuild_tensor(storage, offset, torch.Size(size), tuple(stride))
+        return self.rebuilders.legacy_tensor(storage, offset, tuple(size), tuple(stride))
 
     def parameter(self, data: Any, requires_grad: Any, hooks: Any, state: Any = None) -> Any:
-        import torch
-
-        if type(data) is not torch.Tensor or type(requires_grad) is not bool:
+        if not self.rebuilders.is_plain_tensor(data) or type(requires_grad) is not bool:
             raise RestrictedArgumentError("a Parameter of something that is not a tensor")
         _no_hooks(hooks)
         _plain_state(state)
-        parameter = torch._utils._rebuild_parameter(data, requires_grad, OrderedDict())
-        return torch._utils._set_obj_state(parameter, state) if state else parameter
+        return self.rebuilders.parameter(data, requires_grad, state)
 
     def from_type(self, func: Any, new_type: Any, args: Any, state: Any) -> Any:
-        import torch
-
         if not (isinstance(func, Allowed) and func.name.startswith("torch._utils._rebuild")
-                and new_type in (torch.Tensor, torch.nn.Parameter) and isinstance(args, tuple)):
+                and any(new_type is t for t in self.rebuilders.tensor_types())
+                and isinstance(args, tuple)):
             raise RestrictedArgumentError("a tensor subclass outside the allow-list")
         _plain_state(state)
-        return torch._tensor._rebuild_from_type_v2(func, new_type, args, state)
+        return self.rebuilders.from_type(func, new_type, args, state)
 
 
 def _no_hooks(hooks: Any) -> None:
@@ -509,23 +580,21 @@ class _Pid:
     numel: int
 
 
-def _parse_pid(pid: Any, storage_types: frozenset[type], fields: int) -> _Pid:
-    import torch
-
+def _parse_pid(pid: Any, storage_dtype: Callable[[Any], Any], fields: int) -> _Pid:
     if not isinstance(pid, tuple) or not pid or pid[0] not in ("storage", b"storage"):
         shown = pid[0] if isinstance(pid, tuple) and pid else type(pid).__name__
         raise _Refused(f"a persistent id other than a storage ({shown!r})")
     if len(pid) != fields or (fields == 6 and pid[5] is not None):
         raise _Refused(f"a malformed storage persistent id of {len(pid)} fields")
     _, storage_type, key, location, numel = pid[:5]
-    if storage_type not in storage_types:
+    dtype = storage_dtype(storage_type)
+    if dtype is None:
         raise _Refused(f"a storage of type {_kind(storage_type)}")
     if isinstance(location, bytes):
         location = location.decode("ascii", "replace")
     if not (isinstance(key, str) and _STORAGE_KEY.fullmatch(key) and isinstance(location, str)
             and type(numel) is int and numel >= 0):
         raise _Refused("a malformed storage persistent id")
-    dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
     return _Pid(dtype, key, location, numel)
 
 
@@ -533,29 +602,28 @@ class _Storages:
     """The persistent loader: a typed storage per key, made when the pickle first names it.
 
     ``make(pid, nbytes)`` returns the untyped bytes: a slice of a private
-    memory map of the file, or a meta storage (sizes without memory).
+    memory map of the file, or a meta storage (sizes without memory), or
+    (``describe``) a record of where they are; ``tensors.rebuilders`` types them.
+    Only values of the table are accepted as storage types.
     """
 
     def __init__(self, tensors: _Tensors, table: dict[str, Any], fields: int,
                  make: Callable[[_Pid, int], Any]) -> None:
-        import torch
-
         self.tensors, self.fields, self.make = tensors, fields, make
-        self.storage_types = frozenset(
-            v for v in table.values() if isinstance(v, type)
-            and issubclass(v, (torch.UntypedStorage, torch.storage._LegacyStorage)))
+        rebuilders = tensors.rebuilders
+        known = {id(v): rebuilders.storage_dtype(v) for v in table.values()
+                 if not isinstance(v, Allowed)}
+        self.storage_dtype: Callable[[Any], Any] = lambda value: known.get(id(value))
         self.cache: dict[str, Any] = {}
         self.declared: dict[str, _Pid] = {}
         self.locations: Counter[str] = Counter()
 
     def __call__(self, pid: Any) -> Any:
-        import torch
-
-        parsed = _parse_pid(pid, self.storage_types, self.fields)
+        parsed = _parse_pid(pid, self.storage_dtype, self.fields)
         if parsed.key not in self.cache:
-            nbytes = parsed.numel * torch._utils._element_size(parsed.dtype)
-            typed = torch.storage.TypedStorage(wrap_storage=self.make(parsed, nbytes),
-                                               dtype=parsed.dtype, _internal=True)
+            rebuilders = self.tensors.rebuilders
+            nbytes = parsed.numel * rebuilders.itemsize(parsed.dtype)
+            typed = rebuilders.typed(self.make(parsed, nbytes), parsed.dtype)
             self.cache[parsed.key] = typed
             self.declared[parsed.key] = parsed
             self.tensors.storages.add(id(typed))
@@ -610,10 +678,24 @@ def _load_zip(path: Path, lenient: bool, seen: dict[str, None],
                            f"{nbytes}")
         return int(reader.get_record_offset(name))
 
-    tensors = _Tensors()
-    table = allowlist.restricted_table(tensors.entries())
     swap = bytes(order).decode("ascii", "replace") != sys.byteorder
-    storages = _Storages(tensors, table, 5, _file_slicer(path, locate, swap))
+    return unpickle_zip_data(data, _file_slicer(path, locate, swap), lenient=lenient,
+                             seen=seen, refused=refused)
+
+
+def unpickle_zip_data(data: bytes, make: Callable[[_Pid, int], Any], *, lenient: bool,
+                      seen: dict[str, None], refused: dict[str, None],
+                      rebuilders: Any = None) -> tuple[Any, Counter[str]]:
+    """A torch zip's ``data.pkl`` through the machine: (tree, storage locations).
+
+    ``make(pid, nbytes)`` locates a storage's bytes in the archive (and
+    checks the record holds them); ``rebuilders`` decides what storages and
+    tensors become (``TorchRebuilders`` by default). ``seen`` and
+    ``refused`` collect the globals met. Raises ``_Refused``.
+    """
+    tensors = _Tensors(rebuilders)
+    table = allowlist.restricted_table(tensors.entries(), tensors.rebuilders.values())
+    storages = _Storages(tensors, table, 5, make)
     cursor = _Cursor(data)
     tree = _Machine(table, storages, lenient, seen, refused).load(cursor)
     if cursor.pos != cursor.end:
@@ -659,8 +741,7 @@ def _load_legacy(path: Path, lenient: bool, seen: dict[str, None],
 
 def _legacy_offsets(buf: Any, pos: int, keys: list[str],
                     declared: dict[str, _Pid]) -> dict[str, int]:
-    import torch
-
+    rebuilders = TorchRebuilders()
     missing = [key for key in declared if key not in keys]
     if missing:
         raise _Refused(f"storage {missing[0]} is missing from the file")
@@ -672,7 +753,7 @@ def _legacy_offsets(buf: Any, pos: int, keys: list[str],
         if pos + 8 > len(buf):
             raise _Refused(f"storage {key} is missing: the file ends at byte {len(buf)}")
         count = int.from_bytes(buf[pos:pos + 8], "little", signed=True)
-        nbytes = pid.numel * torch._utils._element_size(pid.dtype)
+        nbytes = pid.numel * rebuilders.itemsize(pid.dtype)
         if count != pid.numel:
             raise _Refused(f"storage {key} holds {count} elements but the pickle declares "
                            f"{pid.numel}")

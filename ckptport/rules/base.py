@@ -37,6 +37,7 @@ class RuleResult:
 
 
 class Rule(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]: ...

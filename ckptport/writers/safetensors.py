@@ -127,7 +127,7 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO,
     for name in plan.entries:
         tensor = plan.tensors[name].contiguous()
         if tensor.numel():
-            file.write(memoryview(as_bytes(tensor).numpy()))
+            file.write(as_bytes(tensor).numpy().data)  # a view of the bytes, no copy
         advance(tensor.numel() * tensor.element_size())
     if any(isinstance(v, Pending) for v in plan.metadata.values()):
         file.seek(0)

@@ -130,7 +130,7 @@ def write_shards(
         staging = Path(tempfile.mkdtemp(dir=folder, prefix=".shards.", suffix=TEMP_SUFFIX))
         try:
             files = _write_staged(staging, state, groups, names, kind, anchor, verify,
-                                  dict(metadata or {}), progress)
+                                  metadata or {}, progress)
             precommit()
             _publish(staging, folder, files, names)
         finally:
@@ -158,7 +158,7 @@ def _check_folder(checkpoint: Checkpoint, folder: Path, names: ShardNames,
 
 def _write_staged(staging: Path, state: Mapping[str, Any], groups: list[list[str]],
                   names: ShardNames, kind: OutputFormat, anchor: str, verify: bool,
-                  metadata: dict[str, str], progress: Progress) -> list[str]:
+                  metadata: Mapping[str, MetadataValue], progress: Progress) -> list[str]:
     weight_map: dict[str, str] = {}
     files = []
     for number, keys in enumerate(groups, start=1):
