@@ -1,11 +1,12 @@
 """Benchmark ``ckptport check`` and ``ckptport inspect`` on a ~2 GB checkpoint.
 
-Neither command reads tensor bytes (without ``--finite``/``--against``/
-``--hash``), so both should cost about what ``import torch`` costs, whatever
-the size of the file. Two files are timed: a DDP-style ``.pth`` recorded on
-``cuda:0`` (read by the weights-only fast path) and the same saved with
-pickle protocol 4 plus an ``argparse.Namespace`` (read by ckptport's
-restricted unpickler). Run from the repository root:
+Neither command needs tensor bytes (without ``--finite``/``--against``),
+so neither imports torch (``readers.describe``): both should cost well under
+``import torch`` (the baseline printed), whatever the size of the file. Two
+files are timed: a DDP-style ``.pth`` recorded on ``cuda:0`` (read by the
+weights-only fast path when torch reads it) and the same saved with pickle
+protocol 4 plus an ``argparse.Namespace`` (ckptport's restricted unpickler).
+Run from the repository root:
 
     python -m bench.bench_check --size-gb 2
 

@@ -3,9 +3,11 @@
 Each rule has a stable code, a severity, and a one-line message naming the
 file and the key it concerns; ``RULES`` documents what each finds, why it
 matters and how to fix it (the README's table is made from it). Files are
-read for a report (``inspect.read_for_report``): a file with a dangerous
-global is a finding that names it, and nothing in it runs. Without
-``finite`` or ``against`` no tensor byte is read.
+read for a report: a file with a dangerous global is a finding that names
+it, and nothing in it runs. Without ``finite`` or ``against`` no tensor
+byte is needed, and files are described without importing torch
+(``inspect.describe_for_report``); with them, read by the tensor readers
+(``inspect.read_for_report``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from .checkpoint import Checkpoint, format_path
 from .errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, CkptportError
-from .inspect import InspectReport, inspect, read_for_report
+from .inspect import InspectReport, describe_for_report, inspect, read_for_report
 from .tensorops import human_bytes
 
 __all__ = ["Rule", "RULES", "Finding", "FileResult", "CheckReport", "check",
@@ -169,8 +171,9 @@ def _is_checkpoint_folder(path: Path) -> bool:
 
 def _check_file(path: Path, codes: tuple[str, ...], formats: tuple[str, ...],
                 reference: Checkpoint | None, atol: float, rtol: float) -> FileResult:
-    try:
-        checkpoint = read_for_report(path)
+    try:  # tensor bytes only for --finite and --against; else no torch at all
+        needs_bytes = "CKP006" in codes or reference is not None
+        checkpoint = read_for_report(path) if needs_bytes else describe_for_report(path)
         report = inspect(checkpoint)
         findings = list(_static_findings(report, formats))
         if "CKP006" in codes:

@@ -12,6 +12,7 @@ needed by code paths (the CLI's ``--help``) that must start without torch.
 from __future__ import annotations
 
 import enum
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,8 @@ __all__ = [
     "SourceFacts",
     "Checkpoint",
     "KeyPath",
+    "TensorInfo",
+    "StorageInfo",
     "format_path",
     "is_tensor",
     "iter_tensors",
@@ -91,14 +94,83 @@ class Checkpoint:
         return iter_tensors(self.tree)
 
 
+@dataclass(frozen=True, eq=False)
+class StorageInfo:
+    """A storage described, not loaded: where its bytes are and how many.
+
+    Answers the few questions reports ask of a torch storage (``nbytes()``,
+    ``size()`` in elements, ``element_size()``, ``data_ptr()`` as an
+    identity), so report code reads described and loaded trees alike.
+    """
+
+    file: Path
+    key: str
+    location: str
+    dtype: Any  # a described dtype: ``str()`` gives ``torch.float32``
+    itemsize: int
+    declared_bytes: int
+
+    def nbytes(self) -> int:
+        return self.declared_bytes
+
+    def size(self) -> int:
+        return self.declared_bytes // self.itemsize if self.itemsize else 0
+
+    def element_size(self) -> int:
+        return self.itemsize
+
+    def data_ptr(self) -> int:
+        return id(self)  # one object per storage record, alive as long as the tree
+
+
+@dataclass(frozen=True, eq=False)
+class TensorInfo:
+    """A tensor described, not loaded (``readers.describe``): a tree leaf for reports.
+
+    Duck-types the tensor attributes ``inspect`` and ``check`` use
+    (``dtype``, ``shape``, ``numel()``, ``element_size()``, ``stride()``,
+    ``storage_offset()``, ``untyped_storage()``); it has no bytes, so a
+    command that needs values must read the file with a tensor reader.
+    """
+
+    dtype: Any
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    storage: StorageInfo
+    requires_grad: bool = False
+
+    def numel(self) -> int:
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count
+
+    def element_size(self) -> int:
+        return self.storage.itemsize
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+    def storage_offset(self) -> int:
+        return self.offset
+
+    def untyped_storage(self) -> StorageInfo:
+        return self.storage
+
+
 def is_tensor(value: object) -> bool:
-    """True for torch tensors, without importing torch for plain data."""
+    """True for torch tensors and ``TensorInfo`` descriptions, never importing torch.
+
+    Without torch imported no value can be a torch tensor.
+    """
+    if isinstance(value, TensorInfo):
+        return True
     module = type(value).__module__
     if not module.startswith("torch"):
         return False
-    import torch
-
-    return isinstance(value, torch.Tensor)
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def format_path(path: KeyPath) -> str:

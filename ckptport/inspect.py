@@ -26,7 +26,7 @@ from .rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
 from .rules.select import Select, is_state_dict
 
 __all__ = ["InspectReport", "LayoutNode", "BlockingObject", "StorageBloat", "inspect",
-           "read_for_report", "DEFAULT_DEPTH"]
+           "read_for_report", "describe_for_report", "DEFAULT_DEPTH"]
 
 DEFAULT_DEPTH = 2
 
@@ -106,10 +106,26 @@ def read_for_report(path: str | os.PathLike[str]) -> Checkpoint:
     return read(path)
 
 
+def describe_for_report(path: str | os.PathLike[str]) -> Checkpoint:
+    """What a report needs, without torch where possible (``readers.describe``).
+
+    Tensor leaves are ``TensorInfo`` descriptions; where the torch-free
+    reader cannot vouch for an exact description, the file is read by
+    ``read_for_report`` instead (real, lazy tensors). Reports are the same
+    either way.
+    """
+    from .readers.describe import NotDescribable, describe
+
+    try:
+        return describe(path)
+    except NotDescribable:
+        return read_for_report(path)
+
+
 def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_DEPTH,
             with_hash: bool = False) -> InspectReport:
     """Describe a checkpoint (a path or an already read ``Checkpoint``)."""
-    checkpoint = path if isinstance(path, Checkpoint) else read_for_report(path)
+    checkpoint = path if isinstance(path, Checkpoint) else describe_for_report(path)
     source = checkpoint.source
     tree = checkpoint.tree
     sha256 = None
@@ -148,9 +164,11 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
 
 def classify_globals(source: SourceFacts) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(globals plain ``torch.load(weights_only=True)`` refuses, those that can run code)."""
-    allowed = allowlist.torch_default_names()
+    from .readers.describe import TORCH_DEFAULT_NAMES, is_allowed
+
+    allowed = TORCH_DEFAULT_NAMES  # torch's own list, as a snapshot: no torch import
     dangerous = tuple(dict.fromkeys([*source.refused_globals, *(
-        g for g in source.globals if allowlist.is_dangerous(g) and not allowlist.is_allowed(g))]))
+        g for g in source.globals if allowlist.is_dangerous(g) and not is_allowed(g))]))
     beyond = tuple(g for g in source.globals if g not in allowed and g not in dangerous)
     return beyond, dangerous
 

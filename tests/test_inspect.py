@@ -89,3 +89,103 @@ def test_every_format_renders_inspect(fx):
     for fmt in ReportFormat:
         if fmt is not ReportFormat.MARKDOWN:  # not offered by the inspect command
             assert formatter(fmt).inspect(report)
+
+
+# -- the torch-free describe reader ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def converted(fx, tmp_path_factory) -> dict[str, Path]:
+    """A safetensors file (plain and --select all) and shard sets of both kinds."""
+    from ckptport.convert import convert
+    from ckptport.rules import NormalizeOptions
+
+    out = tmp_path_factory.mktemp("converted")
+    convert(fx["ddp_cuda3"], out / "w.safetensors")
+    convert(fx["tied"], out / "tied.safetensors")
+    convert(fx["ddp_cuda3"], out / "all.safetensors", NormalizeOptions(select="all"))
+    convert(fx["ddp_cuda3"], out / "st_set", max_shard_size=1024, to="safetensors")
+    convert(fx["ddp_cuda3"], out / "pth_set", max_shard_size=1024, to="pth")
+    return {"safetensors": out / "w.safetensors", "tied_safetensors": out / "tied.safetensors",
+            "all_safetensors": out / "all.safetensors",
+            "st_index": out / "st_set" / "model.safetensors.index.json",
+            "pth_index": out / "pth_set" / "pytorch_model.bin.index.json",
+            "st_folder": out / "st_set"}
+
+
+def _same_report_both_ways(path: Path) -> None:
+    from ckptport.errors import CkptportError
+    from ckptport.inspect import inspect, read_for_report
+    from ckptport.readers.describe import NotDescribable, describe
+
+    try:
+        described = describe(path)
+    except NotDescribable:
+        return  # read with torch instead: the report is the torch reader's by construction
+    except CkptportError as exc:  # the torch readers must refuse it alike
+        with pytest.raises(CkptportError) as refused:
+            read_for_report(path)
+        assert refused.value.message == exc.message
+        return
+    assert inspect(described) == inspect(read_for_report(path))
+
+
+def test_describe_reports_exactly_what_the_tensor_readers_report(fx, converted):
+    for path in [*fx.values(), *converted.values()]:
+        _same_report_both_ways(path)
+
+
+def test_describe_reads_zips_safetensors_and_shards_without_fallback(fx, converted):
+    from ckptport.checkpoint import TensorInfo, iter_tensors
+    from ckptport.readers.describe import describe
+
+    for path in (fx["ddp_cuda3"], fx["protocol4"], fx["slice"], *converted.values()):
+        tensors = [t for _, t in iter_tensors(describe(path).tree)]
+        assert tensors and all(type(t) is TensorInfo for t in tensors), path
+
+
+def test_snapshots_match_the_installed_torch():
+    import torch
+    from torch import _weights_only_unpickler
+
+    from ckptport.readers import allowlist
+    from ckptport.readers.describe import TORCH_DEFAULT_NAMES, Recorders
+    from ckptport.readers.restricted import REBUILD_NAMES
+
+    assert frozenset(_weights_only_unpickler._get_allowed_globals()) == TORCH_DEFAULT_NAMES
+    values = Recorders().values()
+    described = set(allowlist.restricted_table([], values)) | REBUILD_NAMES
+    assert described - REBUILD_NAMES == set(allowlist._static_table())
+    for name, value in allowlist._torch_table().items():
+        if isinstance(value, torch.dtype):
+            assert repr(values[name]) == repr(value)
+            assert values[name].itemsize == value.itemsize
+        elif name.endswith("Storage") and "Untyped" not in name:
+            assert repr(values[name].dtype) == repr(value.dtype), name
+
+
+_NO_TORCH = """
+import sys
+from ckptport.cli import main
+sys.argv = ["ckptport", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+assert "torch" not in sys.modules, "torch was imported"
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("command", ["inspect", "check"])
+@pytest.mark.parametrize("name", ["ddp_cuda3", "protocol4", "os_system_zip", "safetensors",
+                                  "all_safetensors", "st_index", "pth_index", "st_folder"])
+def test_inspect_and_check_import_no_torch(fx, converted, command, name):
+    import subprocess
+    import sys
+
+    path = fx[name] if name in fx else converted[name]
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, command, str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 1), done.stderr
+    assert "torch was imported" not in done.stderr and done.stdout

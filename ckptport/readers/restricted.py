@@ -43,7 +43,7 @@ from .allowlist import Allowed, RestrictedArgumentError
 
 __all__ = ["ObjectRecord", "GlobalRef", "Backref", "RestrictedLoad", "load_restricted",
            "settle", "check_tensor_sizes", "MAX_NODES", "MAX_DEPTH", "TorchRebuilders",
-           "unpickle_zip_data"]
+           "unpickle_zip_data", "REBUILD_NAMES", "Refused"]
 
 MAX_NODES = 10_000_000  # objects the tree may expand to when shared references are followed
 MAX_DEPTH = 300  # nesting ckptport's recursive rules handle without exhausting the stack
@@ -882,3 +882,7 @@ def load_restricted(path: Path, fmt: Format, *, lenient: bool = False) -> Restri
 def _first_line(error: object) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+REBUILD_NAMES = frozenset(entry.name for entry in _Tensors().entries())
+Refused = _Refused  # what ``unpickle_zip_data`` raises; ``load_restricted`` words it for users

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -77,8 +78,13 @@ def shard_files(index: Path) -> tuple[Format, dict[str, str], list[Path]]:
     return SHARD_EXTENSIONS[extension], weight_map, shards
 
 
-def read_shards(index: Path, *, trust: bool = False) -> Checkpoint:
+def read_shards(index: Path, *, trust: bool = False,
+                read_part: Callable[[Path], Checkpoint] | None = None) -> Checkpoint:
+    """The set as one checkpoint; ``read_part`` reads a shard (``describe`` passes its own)."""
     from . import read_file
+
+    def read_one(shard: Path) -> Checkpoint:
+        return read_part(shard) if read_part is not None else read_file(shard, trust=trust)
 
     fmt, weight_map, shards = shard_files(index)
     tree: OrderedDict[str, Any] = OrderedDict()
@@ -87,7 +93,7 @@ def read_shards(index: Path, *, trust: bool = False) -> Checkpoint:
     found_globals: dict[str, None] = {}
     shared: list[tuple[str, ...]] = []
     for shard in shards:
-        part = read_file(shard, trust=trust)
+        part = read_one(shard)
         state = part.tree
         if not isinstance(state, dict):
             raise InputError(f"shard {shard.name} is not a state dict", index)
