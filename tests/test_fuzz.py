@@ -32,3 +32,13 @@ def test_harness_catches_what_it_must(tmp_path):
 
     assert run_case(tmp_path, raises)[0] == "exception"
     assert run_case(tmp_path, hangs)[0] == "timeout"
+
+
+def test_past_fuzz_findings_stay_fixed():
+    """Inputs the fuzzer once broke a reader with (corrupted fixtures, nothing executable)."""
+    from pathlib import Path
+
+    corpus = sorted((Path(__file__).parent / "corpus").iterdir())
+    assert corpus
+    for case in corpus:
+        assert run_case(case) is None, case.name

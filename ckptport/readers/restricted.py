@@ -670,13 +670,16 @@ def _load_zip(path: Path, lenient: bool, seen: dict[str, None],
 
     def locate(pid: _Pid, nbytes: int) -> int:
         name = f"data/{pid.key}"
-        if not reader.has_record(name):
-            raise _Refused(f"storage record {name} is missing from the archive")
-        size = reader.get_record_size(name)
-        if size < nbytes:
-            raise _Refused(f"storage record {name} holds {size} bytes but the pickle declares "
-                           f"{nbytes}")
-        return int(reader.get_record_offset(name))
+        try:
+            if not reader.has_record(name):
+                raise _Refused(f"storage record {name} is missing from the archive")
+            size = reader.get_record_size(name)
+            if size < nbytes:
+                raise _Refused(f"storage record {name} holds {size} bytes but the pickle "
+                               f"declares {nbytes}")
+            return int(reader.get_record_offset(name))
+        except RuntimeError as exc:  # a record torch cannot locate: compressed, encrypted
+            raise _Refused(f"corrupt zip record {name}: {_first_line(exc)}") from None
 
     swap = bytes(order).decode("ascii", "replace") != sys.byteorder
     return unpickle_zip_data(data, _file_slicer(path, locate, swap), lenient=lenient,
