@@ -314,9 +314,9 @@ def storage_bloat(tree: Any) -> tuple[StorageBloat, ...]:
         storage = storage_key(tensor)
         if storage is None:
             continue
-        start = tensor.storage_offset() * tensor.element_size()
+        start = int(tensor.storage_offset()) * tensor.element_size()
         extent = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
-        stop = start + (extent if tensor.numel() else 0) * tensor.element_size()
+        stop = start + int(extent if tensor.numel() else 0) * tensor.element_size()
         spans.setdefault(storage, []).append((start, stop))
         first.setdefault(storage, (format_path(key_path), tensor.untyped_storage().nbytes()))
     bloated = []

@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from ..checkpoint import Format, format_path, iter_tensors
 from ..errors import InputError, UnsafeCheckpointError
@@ -152,14 +152,15 @@ class _Machine:
     def load(self, cursor: _Cursor) -> Any:
         frame_end = -1
         try:
-            for opcode, arg, pos in pickletools.genops(cursor):
+            for opcode, arg, pos in pickletools.genops(cast(IO[bytes], cursor)):
+                assert pos is not None  # genops gives positions for a stream with tell()
                 if pos < frame_end < cursor.pos:  # genops has read the opcode's argument
                     raise _Refused(f"an opcode at byte {pos} crosses the end of its FRAME")
                 name = opcode.name
                 if name == "FRAME":
                     if pos < frame_end:
                         raise _Refused(f"a FRAME at byte {pos} starts inside another frame")
-                    frame_end = cursor.pos + arg
+                    frame_end = cursor.pos + int(arg)
                     if frame_end > cursor.end:
                         raise _Refused(f"a FRAME at byte {pos} claims {arg} bytes but only "
                                        f"{cursor.end - cursor.pos} remain")
@@ -213,9 +214,9 @@ class _Machine:
             n = int(name[-1])
             if len(stack) < n:
                 raise IndexError("stack underflow")
-            items = tuple(stack[-n:])
+            packed = tuple(stack[-n:])
             del stack[-n:]
-            stack.append(items)
+            stack.append(packed)
         elif name == "DICT":
             items = self.pop_mark()
             self.stack.append(dict(zip(items[::2], items[1::2], strict=True)))
@@ -662,7 +663,7 @@ def _load_zip(path: Path, lenient: bool, seen: dict[str, None],
     import torch
 
     try:
-        reader = torch._C.PyTorchFileReader(str(path))
+        reader: Any = torch._C.PyTorchFileReader(str(path))  # the stubs lack has_record
         data = reader.get_record("data.pkl")
         order = reader.get_record("byteorder") if reader.has_record("byteorder") else b"little"
     except RuntimeError as exc:
