@@ -160,7 +160,7 @@ class _Machine:
                 if name == "FRAME":
                     if pos < frame_end:
                         raise _Refused(f"a FRAME at byte {pos} starts inside another frame")
-                    frame_end = cursor.pos + int(arg)
+                    frame_end = cursor.pos + cast(int, arg)
                     if frame_end > cursor.end:
                         raise _Refused(f"a FRAME at byte {pos} claims {arg} bytes but only "
                                        f"{cursor.end - cursor.pos} remain")
