@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .checkpoint import KeyPath, format_path, is_tensor, iter_tensors
+from .lazy import materialize
 from .tensorops import bits_equal, view_key
 
 __all__ = ["tree_mismatches", "tie_groups"]
@@ -37,7 +38,7 @@ def _walk(a: Any, b: Any, path: KeyPath, found: list[str], limit: int,
     if is_tensor(a) or is_tensor(b):
         if not (is_tensor(a) and is_tensor(b)):
             found.append(f"{where}: tensor vs {type(b if is_tensor(a) else a).__name__}")
-        elif not bits_equal(a, b):
+        elif not bits_equal(materialize(a), materialize(b)):  # one tensor at a time
             found.append(f"{where}: tensor bytes, dtype or shape differ")
         else:
             on_tensor(a.numel() * a.element_size())

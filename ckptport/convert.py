@@ -93,7 +93,7 @@ def convert(
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
         digest = pool.submit(sha256_files, files)
         checkpoint = read(source, trust=trust)
-        normalized = normalize(checkpoint, options)
+        normalized = normalize(checkpoint, options, lazy=True)
         common: dict[str, Any] = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
                                   "metadata": _provenance(Pending(digest, SHA256_HEX_WIDTH),
                                                           checkpoint.source.metadata,

@@ -14,7 +14,15 @@ ViewKey = tuple[int, int, tuple[int, ...], tuple[int, ...], str]
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
-    """Identity of the storage behind ``tensor``; None for empty storages."""
+    """Identity of the storage behind ``tensor``; None for empty storages.
+
+    A deferred tensor (``lazy``) is its own storage: tied names share the
+    one deferred object.
+    """
+    from .lazy import is_deferred
+
+    if is_deferred(tensor):
+        return id(tensor)
     storage = tensor.untyped_storage()
     return storage.data_ptr() if storage.nbytes() else None
 

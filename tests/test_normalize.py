@@ -308,3 +308,46 @@ def test_debug_env_shows_traceback(fx, tmp_path):
 
 def _dir_listing(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir())
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_deferred_casts_are_made_one_at_a_time(tmp_path, ext):
+    """The streaming pipeline never holds two computed tensors at once (``ckptport.lazy``)."""
+    import weakref
+
+    from ckptport.checkpoint import Checkpoint, Format, SourceFacts
+    from ckptport.lazy import deferred
+
+    alive, peak = [0], [0]
+
+    def maker(seed: int):
+        def make() -> torch.Tensor:
+            tensor = torch.full((256,), float(seed), dtype=torch.float16)
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+            weakref.finalize(tensor, lambda: alive.__setitem__(0, alive[0] - 1))
+            return tensor
+        return make
+
+    tree = {f"t{i}": deferred((256,), torch.float16, maker(i)) for i in range(6)}
+    tree["tied"] = tree["t0"]
+    src = SourceFacts(path=tmp_path / "none", format=Format.TORCH_ZIP, size=0)
+    out = tmp_path / f"out.{ext}"
+    ckptport.write(Checkpoint(tree, src), out)
+    assert peak[0] == 1
+    state = load_output(out)
+    assert all(torch.equal(state[f"t{i}"], torch.full((256,), float(i), dtype=torch.float16))
+               for i in range(6))
+    if ext == "pth":
+        tied, first = state["tied"], state["t0"]
+        assert tied.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+
+
+def test_streaming_convert_casts_lazily_but_reports_the_same(fx, tmp_path):
+    eager = ckptport.normalize(ckptport.read(fx["ddp_cuda3"]),
+                               ckptport.NormalizeOptions(dtype="bfloat16"))
+    lazy = ckptport.normalize(ckptport.read(fx["ddp_cuda3"]),
+                              ckptport.NormalizeOptions(dtype="bfloat16"), lazy=True)
+    assert eager.results == lazy.results
+    assert lazy.checkpoint.tree["conv.weight"].device.type == "meta"
+    assert eager.checkpoint.tree["conv.weight"].device.type == "cpu"

@@ -52,21 +52,27 @@ class Normalized:
     results: tuple[RuleResult, ...]
 
 
-def build_rules(options: NormalizeOptions) -> list[Rule]:
+def build_rules(options: NormalizeOptions, *, lazy: bool = False) -> list[Rule]:
+    """The rules in order; ``lazy`` leaves copies to the writers (``ckptport.lazy``)."""
     return [
         Select(options.select, options.ema),
         MapToCPU(),
         ConvertObjects(),
         StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes),
-        CastDtype(options.dtype),
-        CompactTensors(),
+        CastDtype(options.dtype, lazy=lazy),
+        CompactTensors(lazy=lazy),
     ]
 
 
-def normalize(checkpoint: Checkpoint, options: NormalizeOptions | None = None) -> Normalized:
-    """Apply every rule in order; the source checkpoint is left as it was."""
+def normalize(checkpoint: Checkpoint, options: NormalizeOptions | None = None, *,
+              lazy: bool = False) -> Normalized:
+    """Apply every rule in order; the source checkpoint is left as it was.
+
+    ``lazy=True`` (for writing) defers every copy to the writers, one tensor
+    at a time; the default gives real, compact tensors.
+    """
     results = []
-    for rule in build_rules(options or NormalizeOptions()):
+    for rule in build_rules(options or NormalizeOptions(), lazy=lazy):
         checkpoint, result = rule(checkpoint)
         results.append(result)
     return Normalized(checkpoint, tuple(results))

@@ -8,14 +8,21 @@ storage, offset, shape, stride) stay one tensor, so ties survive.
 
 ``--dtype`` casts floating-point tensors here too, with the same care for
 ties.
+
+With ``lazy`` (the streaming pipeline of ``convert``) neither rule copies:
+compaction is left to the writers, which write each tensor's own bytes one
+tensor at a time, and a cast becomes a deferred tensor (``ckptport.lazy``)
+computed just before it is written. The report is the same either way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..checkpoint import Checkpoint, format_path, is_tensor, map_tree
+from ..lazy import deferred
 from ..tensorops import human_bytes, is_compact, view_key
 from .base import Change, RuleResult
 
@@ -26,6 +33,7 @@ CAST_CHOICES = ("keep", "float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class CompactTensors:
+    lazy: bool = False
     name: str = "compact-tensors"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
@@ -40,7 +48,7 @@ class CompactTensors:
                 return done[key]
             result = value
             if not is_compact(value):
-                result = value.contiguous().clone()
+                result = value if self.lazy else value.contiguous().clone()
                 changes.append(Change(format_path(path), "compacted", _why(value)))
             if key is not None:
                 done[key] = result
@@ -62,6 +70,7 @@ def _why(tensor: Any) -> str:
 @dataclass(frozen=True)
 class CastDtype:
     dtype: str = "keep"
+    lazy: bool = False
     name: str = "cast-dtype"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
@@ -79,7 +88,10 @@ class CastDtype:
             key = view_key(value)
             if key is not None and key in done:
                 return done[key]
-            result = value.to(target)
+            if self.lazy:
+                result = deferred(value.shape, target, partial(value.to, target))
+            else:
+                result = value.to(target)
             changes.append(Change(format_path(path), "cast", f"{value.dtype} -> {target}"))
             if key is not None:
                 done[key] = result

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Checkpoint, KeyPath, format_path
+from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor, map_tree
 from ..compare import tree_mismatches
 from ..errors import OutputError, VerificationError
+from ..lazy import materialize
 from ..progress import Progress, no_progress
 from . import OutputFormat, WriteResult, count_tensors, same_file, unique_bytes
 from .atomic import TEMP_SUFFIX, fsync_dir
@@ -49,8 +50,8 @@ def write_dcp(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, overwrite:
         advance = progress(f"writing {folder.name}", total)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dcp.save(checkpoint.tree, storage_writer=dcp.FileSystemWriter(staging),
-                     no_dist=True)
+            dcp.save(_materialized(checkpoint.tree),
+                     storage_writer=dcp.FileSystemWriter(staging), no_dist=True)
         advance(total)
         if verify:
             problems = tree_mismatches(checkpoint.tree, read_dcp(staging).tree,
@@ -65,6 +66,11 @@ def write_dcp(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, overwrite:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return WriteResult(folder, OutputFormat.DCP, count_tensors(checkpoint.tree), total, verify)
+
+
+def _materialized(tree: Any) -> Any:
+    """dcp.save needs every tensor at once: deferred casts are computed here."""
+    return map_tree(tree, lambda path, value: materialize(value) if is_tensor(value) else value)
 
 
 def _check_representable(node: Any, path: KeyPath, folder: Path) -> None:

@@ -22,6 +22,7 @@ from .._version import __version__
 from ..checkpoint import KeyPath, format_path, iter_tensors
 from ..dtypes import dtype_code
 from ..errors import OutputError
+from ..lazy import materialize
 from ..readers.safetensors import ALIASES_KEY, TREE_KEY
 from ..safetensors_layout import ITEMSIZE, Entry, encode_header
 from ..tensorops import as_bytes, view_key
@@ -125,10 +126,11 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO,
                       advance: Callable[[int], None]) -> None:
     file.write(plan.header)
     for name in plan.entries:
-        tensor = plan.tensors[name].contiguous()
+        tensor = materialize(plan.tensors[name]).contiguous()  # one tensor at a time
         if tensor.numel():
             file.write(as_bytes(tensor).numpy().data)  # a view of the bytes, no copy
         advance(tensor.numel() * tensor.element_size())
+        del tensor  # released before the next one is made
     if any(isinstance(v, Pending) for v in plan.metadata.values()):
         file.seek(0)
         file.write(plan.final_header())
