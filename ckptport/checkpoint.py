@@ -34,6 +34,7 @@ __all__ = [
     "iter_tensors",
     "map_tree",
     "rebuild_dict",
+    "shared_storages",
 ]
 
 KeyPath = tuple[Any, ...]
@@ -188,6 +189,16 @@ def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, tor
             yield from iter_tensors(value, (*prefix, index))
     elif is_tensor(tree):
         yield prefix, tree
+
+
+def shared_storages(tree: Any) -> tuple[tuple[str, ...], ...]:
+    """Paths grouped by the storage their tensors share, groups of two or more."""
+    groups: dict[int, list[str]] = {}
+    for key_path, tensor in iter_tensors(tree):
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            groups.setdefault(storage.data_ptr(), []).append(format_path(key_path))
+    return tuple(tuple(paths) for paths in groups.values() if len(paths) > 1)
 
 
 def rebuild_dict(original: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:

@@ -33,8 +33,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Checkpoint, Format, SourceFacts, StorageInfo, TensorInfo, format_path
-from ..errors import CkptportError, InputError
+from ..checkpoint import (
+    Checkpoint,
+    Format,
+    SourceFacts,
+    StorageInfo,
+    TensorInfo,
+    shared_storages,
+)
+from ..errors import CkptportError
 from . import allowlist, resolve
 from .allowlist import Allowed, RestrictedArgumentError
 from .pickle_scan import scan_globals
@@ -288,34 +295,23 @@ def describe_file(path: Path) -> Checkpoint:
 
 
 def _describe_safetensors(path: Path) -> Checkpoint:
-    from ..dtypes import _TORCH_NAMES
-    from ..safetensors_layout import parse_header
-    from .safetensors import TREE_KEY, _aliases
+    from .safetensors import read_safetensors
 
-    header = parse_header(path)
-    tensors: dict[str, TensorInfo] = {}
+    return read_safetensors(path, _describe_entries)
+
+
+def _describe_entries(path: Path, header: Any) -> dict[str, Any]:
+    """Descriptions of a safetensors file's tensors, from its header alone."""
+    from ..dtypes import _TORCH_NAMES
+
+    tensors: dict[str, Any] = {}
     for name, entry in sorted(header.entries.items(), key=lambda item: item[1].start):
         dtype = _DTYPES.get(_TORCH_NAMES[entry.dtype])
         if dtype is None:
             raise NotDescribable(f"dtype {entry.dtype}")
         storage = StorageInfo(path, name, "cpu", dtype, dtype.itemsize, entry.nbytes)
         tensors[name] = TensorInfo(dtype, entry.shape, _contiguous(entry.shape), 0, storage)
-    tree: Any
-    if TREE_KEY in header.metadata:
-        from .. import treejson
-
-        try:
-            tree = treejson.decode(header.metadata[TREE_KEY], tensors)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InputError(f"corrupt {TREE_KEY} metadata: {exc!r}", path) from None
-    else:
-        from collections import OrderedDict
-
-        tree = OrderedDict(tensors)
-    return Checkpoint(tree, SourceFacts(
-        path=path, format=Format.SAFETENSORS, size=path.stat().st_size,
-        storage_locations={"cpu": len(tensors)} if tensors else {},
-        shared_storages=_aliases(path, header.metadata), metadata=dict(header.metadata)))
+    return tensors
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -385,7 +381,7 @@ def _describe_zip(path: Path) -> Checkpoint:
     return Checkpoint(tree, SourceFacts(
         path=path, format=Format.TORCH_ZIP, size=path.stat().st_size,
         storage_locations=dict(sorted(locations.items())), globals=found,
-        shared_storages=_shared_storages(tree), refused_globals=tuple(refused)))
+        shared_storages=shared_storages(tree), refused_globals=tuple(refused)))
 
 
 def scan_globals_of(data: bytes) -> tuple[str, ...]:
@@ -423,17 +419,6 @@ def _refuse_torch_values(tree: Any) -> None:
             stack.extend(node)
         elif hasattr(node, "__dataclass_fields__") and not isinstance(node, TensorInfo):
             stack.extend(vars(node).values())
-
-
-def _shared_storages(tree: Any) -> tuple[tuple[str, ...], ...]:
-    from ..checkpoint import iter_tensors
-
-    groups: dict[int, list[str]] = {}
-    for key_path, tensor in iter_tensors(tree):
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            groups.setdefault(storage.data_ptr(), []).append(format_path(key_path))
-    return tuple(tuple(paths) for paths in groups.values() if len(paths) > 1)
 
 
 def is_allowed(qualname: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import mmap
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from .. import treejson
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import torch_dtype
 from ..errors import InputError
-from ..safetensors_layout import ITEMSIZE, Entry, parse_header
+from ..safetensors_layout import ITEMSIZE, Header, parse_header
 
 __all__ = ["read_safetensors", "TREE_KEY", "ALIASES_KEY"]
 
@@ -28,9 +29,13 @@ TREE_KEY = "ckptport.tree"
 ALIASES_KEY = "ckptport.aliases"
 
 
-def read_safetensors(path: Path) -> Checkpoint:
+def read_safetensors(path: Path,
+                     make_tensors: Callable[[Path, Header], dict[str, Any]] | None = None
+                     ) -> Checkpoint:
+    """A Checkpoint of a safetensors file; ``make_tensors`` turns the header's
+    entries into leaves (mapped tensors by default; descriptions for ``inspect``)."""
     header = parse_header(path)
-    tensors = _map_tensors(path, header.data_start, header.entries)
+    tensors = (make_tensors or _map_tensors)(path, header)
     tree: Any
     if TREE_KEY in header.metadata:
         try:
@@ -53,10 +58,11 @@ def read_safetensors(path: Path) -> Checkpoint:
     )
 
 
-def _map_tensors(path: Path, data_start: int, entries: dict[str, Entry] | Any) -> dict[str, Any]:
+def _map_tensors(path: Path, header: Header) -> dict[str, Any]:
     import torch
 
-    ordered = sorted(entries.items(), key=lambda item: item[1].start)
+    data_start = header.data_start
+    ordered = sorted(header.entries.items(), key=lambda item: item[1].start)
     if not any(entry.nbytes for _, entry in ordered):
         return {name: torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
                 for name, entry in ordered}

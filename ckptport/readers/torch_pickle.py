@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Checkpoint, Format, SourceFacts, format_path, iter_tensors
+from ..checkpoint import Checkpoint, Format, SourceFacts, iter_tensors, shared_storages
 from ..errors import InputError
 from . import allowlist
 from .pickle_scan import scan_globals
@@ -82,7 +82,7 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False,
             size=path.stat().st_size,
             storage_locations=dict(sorted(locations.items())),
             globals=found_globals,
-            shared_storages=_shared_storages(tree),
+            shared_storages=shared_storages(tree),
             trusted=trust,
             refused_globals=refused,
         ),
@@ -168,18 +168,9 @@ def _read_torchscript(path: Path) -> Checkpoint:
     count = sum(1 for _ in iter_tensors(tree))
     return Checkpoint(tree, SourceFacts(
         path=path, format=Format.TORCHSCRIPT, size=path.stat().st_size,
-        storage_locations={"cpu": count} if count else {}, shared_storages=_shared_storages(tree),
+        storage_locations={"cpu": count} if count else {}, shared_storages=shared_storages(tree),
         trusted=True,
     ))
-
-
-def _shared_storages(tree: Any) -> tuple[tuple[str, ...], ...]:
-    groups: dict[int, list[str]] = {}
-    for key_path, tensor in iter_tensors(tree):
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            groups.setdefault(storage.data_ptr(), []).append(format_path(key_path))
-    return tuple(tuple(paths) for paths in groups.values() if len(paths) > 1)
 
 
 def _first_line(error: object) -> str:
