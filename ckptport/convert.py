@@ -1,8 +1,10 @@
 """``ckptport normalize`` as a library call: read, normalize, write, verify.
 
-The source's sha256 goes into safetensors metadata; hashing costs as much
+The source's sha256 goes into safetensors metadata (other outputs have no
+place for it, and it is not computed for them); hashing costs as much
 as reading the file, so it runs in a worker thread (hashlib releases the
-GIL) while the checkpoint is read and normalized.
+GIL) while the checkpoint is read, normalized and written; the header's
+placeholder is patched once it is known.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ SHA256_HEX_WIDTH = 64
 @dataclass(frozen=True)
 class ConvertReport:
     source: SourceFacts
-    source_sha256: str
+    source_sha256: str | None  # computed for safetensors output, which records it
     rules: tuple[RuleResult, ...]
     output: WriteResult
 
@@ -78,9 +80,11 @@ def convert(
     sharded = not to_dcp and (max_shard_size is not None or target.is_dir()
                               or str(dst).endswith(os.sep))
     source, files = resolve(src)
-    if sharded:
+    if to_dcp:
+        kind = OutputFormat.DCP
+    elif sharded:
         kind = OutputFormat(to or OutputFormat.SAFETENSORS.value)
-    elif not to_dcp:
+    else:
         kind = output_format(target, to)  # fail on a bad extension before reading gigabytes
         check_destination(files, target, overwrite)
     before = _snapshot(files)
@@ -91,14 +95,15 @@ def convert(
                              source)
 
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
-        digest = pool.submit(sha256_files, files)
+        # only safetensors records the hash; it costs a full read of the source
+        digest = pool.submit(sha256_files, files) if kind is OutputFormat.SAFETENSORS else None
         checkpoint = read(source, trust=trust)
         normalized = normalize(checkpoint, options, lazy=True)
+        metadata = {} if digest is None else _provenance(
+            Pending(digest, SHA256_HEX_WIDTH), checkpoint.source.metadata, normalized.results)
         common: dict[str, Any] = {"anchor": anchor, "overwrite": overwrite, "verify": verify,
-                                  "metadata": _provenance(Pending(digest, SHA256_HEX_WIDTH),
-                                                          checkpoint.source.metadata,
-                                                          normalized.results),
-                                  "progress": progress, "precommit": unchanged}
+                                  "metadata": metadata, "progress": progress,
+                                  "precommit": unchanged}
         if to_dcp:
             written = write_dcp(normalized.checkpoint, target, overwrite=overwrite,
                                 verify=verify, progress=progress, precommit=unchanged)
@@ -107,7 +112,7 @@ def convert(
                                    max_shard_size=max_shard_size or DEFAULT_SHARD_SIZE, **common)
         else:
             written = write(normalized.checkpoint, target, fmt=kind.value, **common)
-        sha256 = digest.result()
+        sha256 = None if digest is None else digest.result()
     return ConvertReport(checkpoint.source, sha256, normalized.results, written)
 
 

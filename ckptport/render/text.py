@@ -27,8 +27,8 @@ class TextFormatter:
         lines = [
             f"wrote {out.path} ({out.format.value}, {out.tensors} tensors, "
             f"{human_bytes(out.bytes)}, {verified})",
-            f"  source {src.path}: {src.format.value}, {human_bytes(src.size)}, "
-            f"sha256 {report.source_sha256[:16]}…",
+            f"  source {src.path}: {src.format.value}, {human_bytes(src.size)}"
+            + (f", sha256 {report.source_sha256[:16]}…" if report.source_sha256 else ""),
         ]
         for result in report.rules:
             lines += _rule_lines(result)
