@@ -217,3 +217,15 @@ def test_torchscript_is_refused_unless_trusted(run, tmp_path, sentinel):
     TinyNet().load_state_dict(state, strict=True)
     assert all(same_bits(state[k], v) for k, v in model.state_dict().items())
     assert not sentinel.exists()
+
+
+def test_dcp_metadata_with_a_lying_length_is_refused_before_allocating(dcp_folder, run,
+                                                                      tmp_path):
+    """Found by the fuzzer: BYTEARRAY8 claiming 2**40 bytes made the C unpickler allocate."""
+    import struct
+
+    folder, _ = dcp_folder
+    (folder / ".metadata").write_bytes(b"\x80\x05\x96" + struct.pack("<Q", 2**40) + b"x" * 8)
+    result = run("normalize", folder, tmp_path / "o.pth")
+    assert result.exit_code == 2
+    assert "declares 1099511627776 bytes, past the end of the data" in result.stderr

@@ -24,6 +24,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import InputError
 from . import allowlist
+from .pickle_scan import scan_globals
 
 __all__ = ["read_dcp", "is_dcp", "read_dcp_metadata", "METADATA_FILE"]
 
@@ -84,10 +85,15 @@ def read_dcp_metadata(folder: Path) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
-        with path.open("rb") as f:
-            metadata = _MetadataUnpickler(f, path).load()
+        data = path.read_bytes()
+        # The C unpickler allocates a string's declared length before reading it;
+        # walking the opcodes first refuses lengths past the end of the data.
+        scan_globals(io.BytesIO(data))
+        metadata = _MetadataUnpickler(io.BytesIO(data), path).load()
     except InputError:
         raise
+    except OSError as exc:
+        raise InputError.from_os_error(exc, path) from None
     except Exception as exc:  # any failure to parse hostile bytes is "corrupt"
         raise InputError(f"corrupt DCP metadata: {type(exc).__name__}: {exc}", path) from None
     if not isinstance(metadata, Metadata):
