@@ -83,6 +83,7 @@ class InspectReport:
     dangerous_globals: tuple[str, ...]
     shared_storages: tuple[tuple[str, ...], ...]
     storage_bloat: tuple[StorageBloat, ...]
+    metadata: Mapping[str, str] = field(default_factory=dict)  # safetensors header, DCP planner
     tensor_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -159,6 +160,7 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         dangerous_globals=dangerous,
         shared_storages=source.shared_storages,
         storage_bloat=storage_bloat(tree),
+        metadata=dict(source.metadata),
     )
 
 

@@ -229,3 +229,17 @@ def test_dcp_metadata_with_a_lying_length_is_refused_before_allocating(dcp_folde
     result = run("normalize", folder, tmp_path / "o.pth")
     assert result.exit_code == 2
     assert "declares 1099511627776 bytes, past the end of the data" in result.stderr
+
+
+def test_inspect_reports_the_dcp_planner_metadata(dcp_folder, run):
+    import json
+
+    folder, state = dcp_folder
+    result = run("inspect", folder, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["format"] == "dcp" and doc["metadata"]["dcp.data_files"] == "__0_0.distcp"
+    planner = json.loads(doc["metadata"]["dcp.planner_data"])
+    assert planner["model.module.conv.weight"] == ["model", "module.conv.weight"]
+    assert int(doc["metadata"]["dcp.items"]) == len(TinyNet().state_dict()) + 3
+    assert "dcp.planner_data" in run("inspect", folder).stdout

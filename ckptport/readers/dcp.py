@@ -177,7 +177,7 @@ def read_dcp(folder: Path) -> Checkpoint:
     return Checkpoint(tree, SourceFacts(
         path=folder, format=Format.DCP, size=sum(f.stat().st_size for f in files),
         storage_locations=dict(Counter({"cpu": tensors})) if tensors else {},
-        files=files, metadata={"planner_data": str(len(paths)) + " entries"},
+        files=files, metadata=_planner_facts(metadata, paths, files),
     ))
 
 
@@ -202,3 +202,19 @@ def _checked_shape(folder: Path, fqn: str, item: Any,
         raise InputError(f"DCP item {fqn!r} declares {nbytes} bytes but the data files hold "
                          f"{data_bytes}", folder)
     return tuple(size), dtype
+
+
+def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]) -> dict[str, str]:
+    """What the DCP planner recorded, as strings for reports (``inspect``)."""
+    import json
+
+    facts = {
+        "dcp.items": str(len(metadata.state_dict_metadata)),
+        "dcp.data_files": ", ".join(f.name for f in files[1:]),
+        "dcp.planner_data": json.dumps({fqn: [str(p) for p in path]
+                                        for fqn, path in paths.items()}),
+    }
+    version = getattr(metadata, "version", None)
+    if version is not None:
+        facts["dcp.version"] = str(version)
+    return facts

@@ -80,9 +80,16 @@ def inspect_lines(report: InspectReport) -> list[str]:
          [f"{o.key}: {o.global_name}" for o in report.blocking_objects]),
     ]
     lines += [f"  {title}: {', '.join(items)}" for title, items in facts if items]
+    if report.metadata:
+        lines.append("  metadata:")
+        lines += [f"    {key}: {_clip(value)}" for key, value in report.metadata.items()]
     lines.append("  layout:")
     lines += _layout_lines(report.layout, 2)
     return lines
+
+
+def _clip(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else f"{text[:width]}… ({len(text)} characters)"
 
 
 def _layout_lines(node: LayoutNode, indent: int) -> list[str]:
