@@ -34,11 +34,24 @@ def test_harness_catches_what_it_must(tmp_path):
     assert run_case(tmp_path, hangs)[0] == "timeout"
 
 
-def test_past_fuzz_findings_stay_fixed():
-    """Inputs the fuzzer once broke a reader with (corrupted fixtures, nothing executable)."""
+def test_past_fuzz_findings_stay_fixed(fx, tmp_path):
+    """Inputs the fuzzer once broke a reader with (corrupted fixtures, nothing executable).
+
+    A ``*.metadata`` case is a DCP folder's metadata file: it replaces the
+    metadata of a valid DCP folder.
+    """
+    import shutil
     from pathlib import Path
 
+    import ckptport
+
+    dcp_folder = tmp_path / "dcp"
+    ckptport.convert(fx["ddp_cuda3"], dcp_folder, to="dcp")
     corpus = sorted((Path(__file__).parent / "corpus").iterdir())
     assert corpus
     for case in corpus:
-        assert run_case(case) is None, case.name
+        target = case
+        if case.suffix == ".metadata":
+            shutil.copy(case, dcp_folder / ".metadata")
+            target = dcp_folder
+        assert run_case(target) is None, case.name

@@ -143,8 +143,10 @@ def read_dcp(folder: Path) -> Checkpoint:
 
     metadata = read_dcp_metadata(folder)
     paths = getattr(metadata, "planner_data", None) or {}
-    if not isinstance(paths, dict):
-        raise InputError("corrupt DCP metadata: planner data is not a map", folder)
+    if not _plain_paths(paths) or not all(isinstance(k, str)
+                                          for k in metadata.state_dict_metadata):
+        raise InputError("corrupt DCP metadata: planner data or item names are not key paths",
+                         folder)
     infos = list(metadata.storage_data.values())
     data_bytes = None if any(getattr(i, "transform_descriptors", None) for i in infos) else sum(
         (folder / name).stat().st_size for name in {str(i.relative_path) for i in infos})
@@ -202,6 +204,15 @@ def _checked_shape(folder: Path, fqn: str, item: Any,
         raise InputError(f"DCP item {fqn!r} declares {nbytes} bytes but the data files hold "
                          f"{data_bytes}", folder)
     return tuple(size), dtype
+
+
+def _plain_paths(paths: Any) -> bool:
+    """Planner data as DCP writes it: item name -> path of str keys and int indexes."""
+    return isinstance(paths, dict) and all(
+        isinstance(fqn, str) and isinstance(path, (tuple, list)) and path
+        and all(type(part) in (str, int) for part in path)
+        for fqn, path in paths.items()
+    )
 
 
 def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]) -> dict[str, str]:
