@@ -56,7 +56,10 @@ def read_torch(path: Path, fmt: Format, *, trust: bool = False,
     found_globals = _scan(path, fmt)
     locations: Counter[str] = Counter()
 
-    def to_cpu(storage: Any, location: str) -> Any:
+    def to_cpu(storage: Any, location: Any) -> Any:
+        if not isinstance(location, str):  # the pickle says where; a hostile one says anything
+            raise ValueError(f"a storage's recorded location is a {type(location).__name__}, "
+                             "not a device name")
         locations[location] += 1
         return storage
 
