@@ -1,11 +1,17 @@
 """The harmless globals ckptport lets the weights-only unpickler build.
 
 Real training checkpoints hold ``argparse.Namespace`` hyper-parameters,
-numpy scalars and arrays, ``torch.Size`` and ``OrderedDict``. None of these
-can run code when rebuilt, so they are allowed — for one ``torch.load`` call
-at a time (``torch.serialization.safe_globals``), never process-wide, so
-ckptport never widens what other code in the user's process accepts.
+numpy scalars and arrays, ``torch.Size`` and ``OrderedDict``. The first
+three kinds cannot run code when rebuilt, so torch's weights-only loader may
+build them — for one ``torch.load`` call at a time
+(``torch.serialization.safe_globals``), never process-wide, so ckptport
+never widens what other code in the user's process accepts.
 
+numpy objects are never handed to torch's loader: it applies a pickled
+``BUILD`` state through numpy's own ``__setstate__``, and a forged dtype
+state (an object field under ``hasobject=False``) makes numpy read pointers
+from the file's bytes. They go to ckptport's restricted reader, whose numpy
+wrappers accept only the dtype states numpy itself writes for plain dtypes.
 numpy pickles name their helpers ``numpy.core.*`` (numpy 1) or
 ``numpy._core.*`` (numpy 2); both spellings map to the installed functions.
 """
@@ -16,6 +22,7 @@ import argparse
 import collections
 import functools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,29 +32,11 @@ __all__ = ["safe_globals", "allowed_names", "Allowed", "RestrictedArgumentError"
            "torch_default_names", "is_allowed"]
 
 
-def _numpy_entries() -> list[Any]:
-    try:
-        import numpy as np
-    except ImportError:  # numpy objects then stay refused, naming the global
-        return []
-    try:
-        from numpy._core import multiarray
-    except ImportError:  # numpy 1.x
-        from numpy.core import multiarray  # type: ignore[no-redef]
-    entries: list[Any] = [np.ndarray, np.dtype]
-    for name in ("scalar", "_reconstruct"):
-        func = getattr(multiarray, name)
-        entries += [(func, f"numpy.{core}.multiarray.{name}") for core in ("core", "_core")]
-    dtype_classes = {type(np.dtype(code)) for code in np.typecodes["All"] if code not in "O"}
-    entries += sorted(dtype_classes, key=lambda cls: cls.__name__)
-    return entries
-
-
 def safe_globals() -> list[Any]:
-    """Entries for ``torch.serialization.safe_globals``."""
+    """Entries for ``torch.serialization.safe_globals``: classes with no state to forge."""
     import torch
 
-    return [argparse.Namespace, collections.OrderedDict, torch.Size, *_numpy_entries()]
+    return [argparse.Namespace, collections.OrderedDict, torch.Size]
 
 
 def allowed_names() -> frozenset[str]:
@@ -251,8 +240,13 @@ def _numpy_table() -> dict[str, Any]:
         from numpy.core import multiarray  # type: ignore[no-redef]
 
     def dtype(spec: Any, align: Any = False, copy: Any = False) -> Any:
-        if not isinstance(spec, str) or type(align) is not bool or type(copy) is not bool:
-            raise RestrictedArgumentError("numpy.dtype takes (str, bool, bool)")
+        # copy=False would hand out numpy's shared builtin dtype, which BUILD then mutates;
+        # numpy 1 wrote the flags as ints
+        if not (isinstance(spec, str) and _PLAIN_DTYPE.fullmatch(spec)) or not (
+                _flag(align) and _flag(copy) and copy):
+            raise RestrictedArgumentError(f"numpy.dtype{(spec, align, copy)!r} is not a plain "
+                                          "dtype as numpy pickles one (object, structured and "
+                                          "shared dtypes are refused)")
         return np.dtype(spec, align, copy)
 
     def reconstruct(subtype: Any, shape: Any, code: Any) -> Any:
@@ -261,16 +255,17 @@ def _numpy_table() -> dict[str, Any]:
         return multiarray._reconstruct(np.ndarray, (0,), _bytes_like(code, "code"))
 
     def scalar(kind: Any, data: Any = None) -> Any:
-        if not isinstance(kind, np.dtype) or kind.hasobject:
-            raise RestrictedArgumentError("numpy scalar takes a non-object dtype")
-        return multiarray.scalar(kind, _bytes_like(data, "numpy scalar"))
+        raw = _bytes_like(data, "numpy scalar")
+        if len(raw) != _plain_dtype(kind).itemsize:
+            raise RestrictedArgumentError("numpy scalar data does not match its dtype's size")
+        return multiarray.scalar(kind, raw)
 
     def frombuffer(buffer: Any, kind: Any, shape: Any, order: Any = "C") -> Any:
         data = _bytes_like(buffer, "numpy buffer")
         dims = nonnegative_ints(shape, "shape")
-        if not isinstance(kind, np.dtype) or kind.hasobject or order not in ("C", "F"):
-            raise RestrictedArgumentError("numpy _frombuffer takes a plain dtype")
-        if math.prod(dims) * kind.itemsize != len(data):
+        if order not in ("C", "F"):
+            raise RestrictedArgumentError("numpy _frombuffer takes order C or F")
+        if math.prod(dims) * _plain_dtype(kind).itemsize != len(data):
             raise RestrictedArgumentError("numpy array shape does not match its bytes")
         return np.frombuffer(data, dtype=kind).reshape(dims, order=order).copy()
 
@@ -361,7 +356,9 @@ def build_state(target: Any, state: Any) -> None:
 
     if type(target) is np.ndarray:
         _check_array_state(state)
-    elif not isinstance(target, np.dtype) or not isinstance(state, tuple):
+    elif isinstance(target, np.dtype):
+        _check_dtype_state(target, state)
+    else:
         raise RestrictedArgumentError("not an object ckptport restores state into")
     try:
         target.__setstate__(state)
@@ -369,17 +366,72 @@ def build_state(target: Any, state: Any) -> None:
         raise RestrictedArgumentError(str(exc)) from None
 
 
-def _check_array_state(state: Any) -> None:
+# dtype specs numpy writes for plain (non-object, unstructured) dtypes: numbers,
+# bytes/str/void of a size, datetimes (their unit travels in the BUILD state)
+_PLAIN_DTYPE = re.compile(r"b1|[iu][1248]|f(2|4|8|12|16)|c(8|16|24|32)|[SUV]\d{1,9}|[Mm]8")
+_DATETIME_UNITS = frozenset({b"Y", b"M", b"W", b"D", b"h", b"m", b"s", b"ms", b"us", b"ns",
+                             b"ps", b"fs", b"as", b"generic"})
+
+
+def _flag(value: Any) -> bool:
+    return type(value) in (bool, int) and value in (0, 1)
+
+
+def _plain_data(value: Any) -> bool:
+    """Only what numpy's own dtype states hold, so comparing them runs no file-made ``==``."""
+    if isinstance(value, tuple):
+        return all(_plain_data(v) for v in value)
+    return value is None or type(value) in (int, str, bytes)
+
+
+def _plain_dtype(kind: Any) -> Any:
+    """``kind`` if it is a dtype without Python objects or fields, else refused."""
     import numpy as np
 
-    if not isinstance(state, tuple) or len(state) not in (4, 5):
+    if not isinstance(kind, np.dtype) or kind.hasobject or kind.names is not None \
+            or kind.subdtype is not None:
+        raise RestrictedArgumentError("numpy data of an object or structured dtype is refused")
+    return kind
+
+
+def _check_dtype_state(target: Any, state: Any) -> None:
+    """Accept only a state numpy itself writes for a plain dtype of ``target``'s kind.
+
+    numpy's ``__setstate__`` trusts its argument: a state naming an object
+    field under flags that deny holding objects makes numpy treat file bytes
+    as object pointers (memory corruption). Comparing with the states of
+    genuine dtypes of the same kind, each byte order, shuts that door.
+    """
+    import numpy as np
+
+    if not isinstance(state, tuple) or len(state) not in (8, 9) or not _plain_data(state):
+        raise RestrictedArgumentError("a numpy dtype state that is not a plain dtype's "
+                                      "(forged, structured or object dtypes are refused)")
+    spec = f"{target.kind}{target.itemsize}" if target.kind not in "SUV" else target.str[1:]
+    if target.kind in "Mm":
+        metadata = state[8] if len(state) == 9 else None
+        unit = metadata[1] if isinstance(metadata, tuple) and len(metadata) == 2 else None
+        if not (isinstance(unit, tuple) and len(unit) == 4 and unit[0] in _DATETIME_UNITS
+                and type(unit[1]) is int and 0 < unit[1] < 1 << 31):
+            raise RestrictedArgumentError("malformed numpy datetime dtype state")
+        name = unit[0].decode()
+        spec = f"{target.kind}8" if name == "generic" else f"{target.kind}8[{unit[1]}{name}]"
+    genuine = np.dtype(spec)
+    variants = (genuine.newbyteorder("<"), genuine.newbyteorder(">"), genuine.newbyteorder("|"),
+                genuine)
+    if not any(state == variant.__reduce__()[2] for variant in variants):
+        raise RestrictedArgumentError("a numpy dtype state that is not a plain dtype's "
+                                      "(forged, structured or object dtypes are refused)")
+
+
+def _check_array_state(state: Any) -> None:
+    if not isinstance(state, tuple) or len(state) not in (4, 5) or (
+            len(state) == 5 and state[0] != 1):
         raise RestrictedArgumentError("malformed numpy array state")
-    shape, kind, _fortran, raw = state[-4:]
+    shape, kind, fortran, raw = state[-4:]
     count = math.prod(nonnegative_ints(shape, "numpy shape"))
-    if not isinstance(kind, np.dtype):
-        raise RestrictedArgumentError("numpy array state without a dtype")
-    expected = count if kind.hasobject else count * kind.itemsize
-    if len(raw) != expected if isinstance(raw, (bytes, list)) else True:
+    if type(fortran) is not bool or not isinstance(raw, bytes) or len(raw) != count * \
+            _plain_dtype(kind).itemsize:
         raise RestrictedArgumentError("numpy array shape does not match its data")
 
 
