@@ -95,7 +95,8 @@ def main() -> None:
         runs = {
             "read (cat A B)": ["sh", "-c", 'cat "$0" "$1" > /dev/null', str(pth),
                                str(safetensors)],
-            "startup only": [sys.executable, "-c", "import torch, ckptport.cli, ckptport.diff"],
+            "startup only": [sys.executable, "-c",
+                             "import torch, ckptport.cli, ckptport.commands.diff"],
             "ckptport diff": [sys.executable, "-m", "ckptport", "diff", str(pth),
                               str(safetensors), "-q"],
             "naive torch.load": [sys.executable, "-c", NAIVE, str(pth), str(safetensors)],

@@ -2,17 +2,18 @@
 
 ``read`` a checkpoint without running code from it, ``normalize`` it with
 named rules, ``write`` a ``.pth`` or ``.safetensors`` that loads anywhere;
-``convert`` does all three and verifies. Importing ckptport does not import
-torch; the first call that needs tensors does.
+``normalize_file`` does all three and verifies (it is what ``ckptport
+normalize`` runs; ``convert`` is its round-1 name). ``diff``, ``inspect``,
+``check`` and ``manifest`` are the other commands. Importing ckptport does
+not import torch; the first call that needs tensors as torch tensors does.
 """
 
 from __future__ import annotations
 
 from ._version import __version__
-from .check import CheckReport, Finding, check
 from .checkpoint import Checkpoint, Format, SourceFacts
-from .convert import ConvertReport, convert
-from .diff import (
+from .commands.check import CheckReport, Finding, check
+from .commands.diff import (
     DiffReport,
     DtypeMismatch,
     LeafMismatch,
@@ -21,8 +22,12 @@ from .diff import (
     Tolerance,
     diff,
 )
+from .commands.inspection import InspectReport, inspect
+from .commands.load import LoadResult, load_into, load_state_dict
+from .commands.normalize import ConvertReport, NormalizeReport, convert, normalize_file
 from .errors import (
     CkptportError,
+    CodeArchiveError,
     InputError,
     OutputError,
     RuleError,
@@ -31,17 +36,16 @@ from .errors import (
     UnsafeCheckpointError,
     VerificationError,
 )
-from .inspect import InspectReport, inspect
-from .load import LoadResult, load_into, load_state_dict
-from .readers import read
-from .rules import Normalized, NormalizeOptions, RuleResult, normalize
-from .writers import WriteResult, write
+from .readers import describe, materialize, open_checkpoint, read
+from .rules import Normalized, NormalizeOptions, RuleResult, apply_rules, normalize
+from .writers import Target, WriteResult, write
 
 __all__ = [
     "__version__",
     "CheckReport",
     "Checkpoint",
     "CkptportError",
+    "CodeArchiveError",
     "ConvertReport",
     "DiffReport",
     "DtypeMismatch",
@@ -52,6 +56,7 @@ __all__ = [
     "LoadResult",
     "LeafMismatch",
     "NormalizeOptions",
+    "NormalizeReport",
     "Normalized",
     "OutputError",
     "RuleError",
@@ -60,18 +65,24 @@ __all__ = [
     "ShapeMismatch",
     "SourceFacts",
     "StateDictMismatchError",
+    "Target",
     "TensorDelta",
     "Tolerance",
     "UnsafeCheckpointError",
     "VerificationError",
     "WriteResult",
+    "apply_rules",
     "check",
     "convert",
+    "describe",
     "diff",
     "inspect",
     "load_into",
     "load_state_dict",
+    "materialize",
     "normalize",
+    "normalize_file",
+    "open_checkpoint",
     "read",
     "write",
 ]

@@ -1,8 +1,10 @@
 """The ``ckptport`` command: parse options, call the library, print, exit.
 
 Errors are turned into one stderr line and an exit code in one place
-(``_Group.invoke``). torch is imported only by commands that need it, so
-``ckptport --help`` starts fast.
+(``_Group.invoke``). torch is imported only by what needs it, so
+``ckptport --help``, ``inspect`` and ``check`` start fast, and on a
+terminal the first thing a command prints (``reading SRC…``) comes before
+anything slow.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import click
 
 from ._version import __version__
 from .checkpoint import Format
-from .errors import EXIT_ERROR, CkptportError
+from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError
+from .escape import printable
 from .progress import Progress, no_progress
-from .rules import CAST_CHOICES, NormalizeOptions
-from .writers import ANCHOR_PATTERN, OutputFormat
+from .render import formats_for
+from .rules import CAST_CHOICES, EMA_MODES, NormalizeOptions
+from .writers.plan import ANCHOR_PATTERN, Target
 
 __all__ = ["main", "cli"]
 
@@ -63,13 +67,13 @@ class _Group(click.Group):
 def _fail(ctx: click.Context, line: str, code: int, debug: bool) -> NoReturn:
     if debug:
         traceback.print_exc()
-    click.echo(f"ckptport: error: {line}", err=True)
+    click.echo(f"ckptport: error: {printable(line)}", err=True)
     ctx.exit(code)
 
 
 @contextlib.contextmanager
 def _progress(quiet: bool) -> Iterator[Progress]:
-    """tqdm bars on stderr, only on a terminal and without ``-q``."""
+    """tqdm bars (and ``reading X…`` lines) on stderr, only on a terminal and without ``-q``."""
     if quiet or not sys.stderr.isatty():
         yield no_progress
         return
@@ -78,8 +82,12 @@ def _progress(quiet: bool) -> Iterator[Progress]:
     bars: list[Any] = []
 
     def start(description: str, total: int) -> Callable[[int], None]:
-        bar = tqdm(total=total, desc=description, unit="B", unit_scale=True,
-                   unit_divisor=1024, file=sys.stderr, leave=False)
+        label = printable(description)
+        if not total:  # a status line: what is being done before there is anything to count
+            bar = tqdm(total=1, desc=label, bar_format="{desc}…", file=sys.stderr, leave=False)
+        else:
+            bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024,
+                       file=sys.stderr, leave=False)
         bars.append(bar)
         return bar.update
 
@@ -90,14 +98,23 @@ def _progress(quiet: bool) -> Iterator[Progress]:
             bar.close()
 
 
+def _ema(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    return "off" if value is None else value
+
+
 def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The options that decide what a checkpoint normalizes to (shared by commands)."""
     options = [
         click.option("--select", default="auto", show_default=True, metavar="auto|all|KEY[.KEY…]",
-                     help="What to keep: the model weights (auto), everything (all), or a key."),
-        click.option("--ema", is_flag=True, help="Prefer EMA weights (timm and mmengine layouts)."),
+                     help="What to keep: the model weights (auto), everything (all), or a key "
+                          "path (dict keys, list indexes, recorded objects' attributes)."),
+        click.option("--ema", type=click.Choice(EMA_MODES), is_flag=False, flag_value="require",
+                     default=None, callback=_ema, metavar="[=prefer]",
+                     help="Take the EMA weights (timm, ultralytics, mmengine layouts); an error "
+                          "if there are none, unless --ema=prefer."),
         click.option("--strip-prefix", "strip_prefix", multiple=True, metavar="PREFIX",
-                     help="Also strip this key prefix (e.g. Lightning's 'model.'). Repeatable."),
+                     help="Also strip this key prefix ('model' means 'model.'); 'auto' strips "
+                          "the one every weight key shares. Repeatable."),
         click.option("--keep-prefixes", is_flag=True,
                      help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
         click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
@@ -108,8 +125,19 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _options(select: str, ema: str, strip_prefix: tuple[str, ...], keep_prefixes: bool,
+             dtype: str) -> NormalizeOptions:
+    return NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
+                            keep_prefixes=keep_prefixes, dtype=dtype)
+
+
+def _report_format(command: str) -> Callable[..., Any]:
+    return click.option("--format", "report_format", type=click.Choice(formats_for(command)),
+                        default="text", show_default=True, help="Report format on stdout.")
+
+
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from .writers.shards import parse_size
+    from .writers.plan import parse_size
 
     try:
         return None if value is None else parse_size(value)
@@ -136,7 +164,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", type=click.Choice([f.value for f in OutputFormat]),
+@click.option("--to", type=click.Choice([t.value for t in Target]),
               help="Output format (default: from DST's extension).")
 @_normalize_options
 @click.option("--anchor", default="cpu", show_default=True, callback=_anchor,
@@ -147,33 +175,36 @@ def cli() -> None:
               help="Write a Hugging Face shard set into the folder DST, shards of at most SIZE "
                    "(5GB, 500MB: decimal units as the hub; 2GiB binary). A folder DST alone "
                    "shards at 5GB.")
+@click.option("--dcp-key", metavar="KEY",
+              help="With --to dcp: nest the weights under KEY (dcp.load({KEY: sd}, ...)).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
-              help="Re-read DST and compare every tensor bit for bit.")
+              help="Re-read DST and compare every tensor bit for bit with the source.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@click.option("--format", "report_format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Report format on stdout.")
-def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
+@_report_format("normalize")
+def normalize(src: Path, dst: Path, to: str | None, select: str, ema: str,
               strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
-              trust: bool, max_shard_size: int | None, overwrite: bool, verify: bool,
-              quiet: bool, report_format: str) -> None:
-    """Read SRC, normalize it, write DST (.pth, .pt, .bin or .safetensors), verify it.
+              trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
+              verify: bool, quiet: bool, report_format: str) -> None:
+    """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
-    SRC may also be a shard set: its *.index.json or the folder holding it.
-    A folder DST (or --max-shard-size) writes a shard set."""
-    from .convert import convert
+    SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
+    folder or a Hugging Face model folder. A folder DST (or --max-shard-size) writes a
+    shard set; --to dcp a DCP folder."""
+    from .commands.normalize import normalize_file
     from .render import formatter
 
     if trust:
-        click.echo(f"ckptport: warning: --trust: {src} is unpickled with full Python; "
-                   "any code in it runs", err=True)
-    options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                               keep_prefixes=keep_prefixes, dtype=dtype)
+        click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
+                   "Python; any code in it runs", err=True)
     with _progress(quiet) as progress:
-        report = convert(src, dst, options, to=to, anchor=anchor, overwrite=overwrite,
-                         verify=verify, trust=trust, max_shard_size=max_shard_size,
-                         progress=progress)
-    click.echo(formatter(report_format).convert(report))
+        progress(f"reading {src}", 0)
+        report = normalize_file(src, dst, _options(select, ema, strip_prefix, keep_prefixes,
+                                                   dtype),
+                                to=to, anchor=anchor, overwrite=overwrite, verify=verify,
+                                trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
+                                progress=progress)
+    click.echo(formatter(report_format).normalize(report))
 
 
 @cli.command()
@@ -187,39 +218,44 @@ def normalize(src: Path, dst: Path, to: str | None, select: str, ema: bool,
               help="Relative tolerance, relative to A: |a-b| <= atol + rtol*|a|.")
 @click.option("--cast", is_flag=True,
               help="Compare tensors of different dtypes by value instead of failing.")
+@click.option("--trust", is_flag=True, help=(
+              "Unpickle both with full Python: runs code from the files (TorchScript, files "
+              "you vouch for)."))
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
               help="Rows per table in text and markdown (json lists all).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@click.option("--format", "report_format", type=click.Choice(["text", "json", "markdown"]),
-              default="text", show_default=True, help="Report format on stdout.")
+@_report_format("diff")
 @click.option("--plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Also draw per-tensor max relative error, in model order (needs matplotlib).")
 @click.pass_context
-def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
+def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
          strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, raw: bool, atol: float,
-         rtol: float, cast: bool, limit: int, quiet: bool, report_format: str,
+         rtol: float, cast: bool, trust: bool, limit: int, quiet: bool, report_format: str,
          plot: Path | None) -> None:
-    """Compare checkpoints A and B (any formats), both normalized alike first.
+    """Compare checkpoints A and B (any formats, or a manifest), both normalized alike first.
 
     Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
     A dtype change is a difference unless --cast. Exit 0 equal, 1 different,
     2 unreadable input.
     """
-    from .diff import diff as diff_checkpoints
-    from .errors import EXIT_FINDINGS
+    from .commands.diff import diff as diff_checkpoints
     from .render import formatter
 
-    options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                               keep_prefixes=keep_prefixes, dtype=dtype)
+    options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
     if raw and options != NormalizeOptions():
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
                                "--select, --ema, --strip-prefix, --keep-prefixes or --dtype")
+    if trust:
+        click.echo("ckptport: warning: --trust: both files are unpickled with full Python; "
+                   "any code in them runs", err=True)
     with _progress(quiet) as progress:
+        progress(f"reading {a} and {b}", 0)
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
-                                  options=None if raw else options, raw=raw, progress=progress)
+                                  options=None if raw else options, raw=raw, trust=trust,
+                                  progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
-        from .plot import plot_drift
+        from .commands.plot import plot_drift
 
         plot_drift(report, plot)
     if not report.equal:
@@ -232,14 +268,13 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: bool,
               help="Levels of the layout tree to list.")
 @click.option("--hash", "with_hash", is_flag=True,
               help="Also compute the file's sha256 (reads every byte).")
-@click.option("--format", "report_format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Report format on stdout.")
+@_report_format("inspect")
 def inspect_command(path: Path, depth: int, with_hash: bool, report_format: str) -> None:
     """Describe PATH without running or reading it: format, layout, tensors, parameters,
     bytes by dtype, recorded devices, wrapper prefixes, objects that block weights-only
     loading and the globals they need, shared storages.
     """
-    from .inspect import inspect
+    from .commands.inspection import inspect
     from .render import formatter
 
     report = inspect(path, depth=depth, with_hash=with_hash)
@@ -252,38 +287,50 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 
 @cli.command("check")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--select", "select_codes", multiple=True, callback=_codes, metavar="CODES",
-              help="Run only these rules (comma-separated or repeated, e.g. CKP001,CKP003).")
+@click.option("--codes", "codes", multiple=True, callback=_codes, metavar="CODES",
+              help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP003).")
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
-              help="Skip these rules.")
-@click.option("--finite", is_flag=True, help="Also fail on NaN/inf values (reads every tensor).")
-@click.option("--require-format", multiple=True,
-              type=click.Choice([f.value for f in Format]),
+              help="Skip these codes.")
+@_normalize_options
+@click.option("--finite", type=click.Choice(["weights", "all"]), is_flag=False,
+              flag_value="weights", default=None, metavar="[=all]",
+              help="Also fail on NaN/inf values of the selected weights (reads them); "
+                   "--finite=all checks every tensor.")
+@click.option("--require-format", multiple=True, type=click.Choice(Format.names()),
               help="Fail files in any other container format. Repeatable.")
 @click.option("--against", type=click.Path(path_type=Path), metavar="REF",
-              help="Fail where the weights differ from the reference checkpoint REF.")
+              help="Fail where the weights differ from the reference checkpoint REF (both "
+                   "normalized with --select, --ema, --strip-prefix, --keep-prefixes, --dtype).")
+@click.option("--against-manifest", type=click.Path(path_type=Path), metavar="FILE",
+              help="Fail where the tensors differ from the manifest FILE (ckptport manifest).")
 @click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Absolute tolerance for --against.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Relative tolerance for --against.")
-@click.option("--format", "report_format", type=click.Choice(["text", "json", "github"]),
-              default="text", show_default=True,
-              help="Report format on stdout (github: Actions annotations).")
+@_report_format("check")
 @click.pass_context
-def check_command(ctx: click.Context, paths: tuple[Path, ...], select_codes: list[str],
-                  ignore_codes: list[str], finite: bool, require_format: tuple[str, ...],
-                  against: Path | None, atol: float, rtol: float, report_format: str) -> None:
-    """Gate exported checkpoints in CI: run the rules on every PATH (directories are
-    searched recursively) and report findings with stable codes.
+def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
+                  ignore_codes: list[str], select: str, ema: str,
+                  strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str,
+                  finite: str | None, require_format: tuple[str, ...], against: Path | None,
+                  against_manifest: Path | None, atol: float, rtol: float,
+                  report_format: str) -> None:
+    """Gate exported checkpoints in CI: run the codes on every PATH (folders are searched
+    for every file a loader could open) and report findings with stable codes.
 
     Exit 0 pass, 1 findings, 2 unreadable input. Nothing in a file ever runs.
+    (--select CKP001,… is accepted as --codes, its round-1 meaning.)
     """
-    from .check import check
+    from .commands.check import CODE_PATTERN, check
     from .render import formatter
 
+    if CODE_PATTERN.fullmatch(select):
+        codes, select = [*codes, *(c.strip() for c in select.split(","))], "auto"
     try:
-        report = check(paths, select=select_codes, ignore=ignore_codes, finite=finite,
-                       require_format=require_format, against=against, atol=atol, rtol=rtol)
+        report = check(paths, codes=codes, ignore=ignore_codes, finite=finite or False,
+                       require_format=require_format, against=against,
+                       against_manifest=against_manifest, atol=atol, rtol=rtol,
+                       options=_options(select, ema, strip_prefix, keep_prefixes, dtype))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(formatter(report_format).check(report))

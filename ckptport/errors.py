@@ -9,6 +9,10 @@ traceback for a bad file and never sees exit 0 for a failure.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .escape import printable
 
 __all__ = [
     "EXIT_OK",
@@ -17,6 +21,7 @@ __all__ = [
     "CkptportError",
     "InputError",
     "UnsafeCheckpointError",
+    "CodeArchiveError",
     "SelectionError",
     "StateDictMismatchError",
     "RuleError",
@@ -37,16 +42,27 @@ class CkptportError(Exception):
     """
 
     exit_code = EXIT_ERROR
+    # code-running globals met before the input was refused, for reports that name them,
+    # and the file's own spelling of those it spells differently (``commands.Popen``)
+    dangerous: tuple[str, ...] = ()
+    spellings: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.message = message
         super().__init__(self.line())
 
+    def at(self, path: str | os.PathLike[str]) -> CkptportError:
+        """The same error, naming ``path`` if it named no file yet."""
+        if self.path is None:
+            self.path = os.fspath(path)
+            self.args = (self.line(),)
+        return self
+
     def line(self) -> str:
         """The single line shown to the user."""
-        text = " ".join(self.message.split())
-        return f"{self.path}: {text}" if self.path else text
+        text = printable(" ".join(self.message.split()))
+        return f"{printable(self.path)}: {text}" if self.path else text
 
 
 class InputError(CkptportError):
@@ -67,9 +83,15 @@ class InputError(CkptportError):
 class UnsafeCheckpointError(InputError):
     """The source needs globals that ckptport will not run without ``--trust``."""
 
-    def __init__(self, path: str | os.PathLike[str], globals_: tuple[str, ...], why: str) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, globals_: tuple[str, ...],
+                 why: str) -> None:
         self.globals = globals_
+        self.dangerous = globals_
         super().__init__(why, path)
+
+
+class CodeArchiveError(InputError):
+    """A TorchScript or torch.package archive: loading it runs the code it carries."""
 
 
 class SelectionError(CkptportError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptport.writers import atomic
+from ckptport.writers import staging as atomic
 from tests.helpers import sha256
 
 CASES = [
@@ -51,14 +51,14 @@ def test_source_without_read_permission(fx, run, tmp_path, monkeypatch):
     """The OS refusing to open the source (root reads everything, so the refusal is injected)."""
     src = tmp_path / "locked.pth"
     shutil.copy(fx["plain"], src)
-    real_open = Path.open
+    real_open = os.open
 
-    def refuse(self, *args, **kwargs):
-        if self == src:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)
+    def refuse(path, *args, **kwargs):
+        if Path(path) == src:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     result = run("normalize", src, tmp_path / "o.pth")
     assert result.exit_code == 2
     assert result.stderr.strip() == f"ckptport: error: {src}: permission denied"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptport.check import RULES, check
+from ckptport.commands.check import RULES, check
 from ckptport.render import ReportFormat, formatter
 
 GOLDEN = Path(__file__).with_name("golden") / "check_dp_in_ddp.json"
@@ -22,7 +22,7 @@ def _codes(result) -> list[str]:
 
 @pytest.fixture(scope="module")
 def normalized(fx, tmp_path_factory) -> Path:
-    from ckptport.convert import convert
+    from ckptport.commands.normalize import convert
 
     out = tmp_path_factory.mktemp("normalized") / "clean.pth"
     convert(fx["ddp_cuda3"], out)
@@ -106,7 +106,7 @@ def test_finite(fx, run):
 
 
 def test_require_format(fx, run, tmp_path):
-    from ckptport.convert import convert
+    from ckptport.commands.normalize import convert
 
     st = tmp_path / "w.safetensors"
     convert(fx["plain"], st)

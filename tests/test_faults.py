@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptport.writers.atomic import TEMP_SUFFIX
+from ckptport.writers.staging import TEMP_SUFFIX
 from tests.helpers import sha256
 
 # A child that runs the CLI with a writer that pauses after half the data,
@@ -164,7 +164,7 @@ def test_safetensors_output_loads_even_when_hash_is_slow(fx, tmp_path, monkeypat
     """The header's sha256 placeholder is patched before the file is synced and verified."""
     import ckptport
 
-    convert = sys.modules["ckptport.convert"]  # the module, not the function of that name
+    convert = sys.modules["ckptport.commands.normalize"]  # the module, not the function
     real = convert.sha256_files
 
     def slow(paths):

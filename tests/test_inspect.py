@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_unreadable_is_one_line_exit_2(fx, run, name):
 
 
 def test_every_format_renders_inspect(fx):
-    from ckptport.inspect import inspect
+    from ckptport.commands.inspection import inspect
 
     report = inspect(fx["ddp_cuda3"])
     for fmt in ReportFormat:
@@ -97,7 +98,7 @@ def test_every_format_renders_inspect(fx):
 @pytest.fixture(scope="module")
 def converted(fx, tmp_path_factory) -> dict[str, Path]:
     """A safetensors file (plain and --select all) and shard sets of both kinds."""
-    from ckptport.convert import convert
+    from ckptport.commands.normalize import convert
     from ckptport.rules import NormalizeOptions
 
     out = tmp_path_factory.mktemp("converted")
@@ -114,32 +115,32 @@ def converted(fx, tmp_path_factory) -> dict[str, Path]:
 
 
 def _same_report_both_ways(path: Path) -> None:
+    """The report from described tensors equals the one from torch tensors (ckptport.read)."""
+    from ckptport.commands.inspection import inspect
     from ckptport.errors import CkptportError
-    from ckptport.inspect import inspect, read_for_report
-    from ckptport.readers.describe import NotDescribable, describe
+    from ckptport.readers import materialize, open_checkpoint
 
     try:
-        described = describe(path)
-    except NotDescribable:
-        return  # read with torch instead: the report is the torch reader's by construction
-    except CkptportError as exc:  # the torch readers must refuse it alike
+        described = open_checkpoint(path, lenient=True)
+    except CkptportError as exc:  # every reader refuses it alike
         with pytest.raises(CkptportError) as refused:
-            read_for_report(path)
-        assert refused.value.message == exc.message
+            open_checkpoint(path)
+        assert refused.value.message == exc.message or exc.dangerous
         return
-    assert inspect(described) == inspect(read_for_report(path))
+    assert inspect(described) == inspect(materialize(described))
 
 
-def test_describe_reports_exactly_what_the_tensor_readers_report(fx, converted):
+def test_described_reports_equal_the_reports_of_torch_tensors(fx, converted):
     for path in [*fx.values(), *converted.values()]:
         _same_report_both_ways(path)
 
 
-def test_describe_reads_zips_safetensors_and_shards_without_fallback(fx, converted):
+def test_zips_safetensors_shards_and_legacy_files_are_described_without_torch(fx, converted):
     from ckptport.checkpoint import TensorInfo, iter_tensors
-    from ckptport.readers.describe import describe
+    from ckptport.readers import describe
 
-    for path in (fx["ddp_cuda3"], fx["protocol4"], fx["slice"], *converted.values()):
+    for path in (fx["ddp_cuda3"], fx["ddp_cuda3_legacy"], fx["protocol4"], fx["slice"],
+                 *converted.values()):
         tensors = [t for _, t in iter_tensors(describe(path).tree)]
         assert tensors and all(type(t) is TensorInfo for t in tensors), path
 
@@ -148,20 +149,25 @@ def test_snapshots_match_the_installed_torch():
     import torch
     from torch import _weights_only_unpickler
 
-    from ckptport.readers import allowlist
-    from ckptport.readers.describe import TORCH_DEFAULT_NAMES, Recorders
-    from ckptport.readers.restricted import REBUILD_NAMES
+    from ckptport import dtypes
+    from ckptport.unpickle.snapshots import TENSOR_ATTRIBUTES, TORCH_DEFAULT_NAMES
 
     assert frozenset(_weights_only_unpickler._get_allowed_globals()) == TORCH_DEFAULT_NAMES
-    values = Recorders().values()
-    described = set(allowlist.restricted_table([], values)) | REBUILD_NAMES
-    assert described - REBUILD_NAMES == set(allowlist._static_table())
-    for name, value in allowlist._torch_table().items():
-        if isinstance(value, torch.dtype):
-            assert repr(values[name]) == repr(value)
-            assert values[name].itemsize == value.itemsize
-        elif name.endswith("Storage") and "Untyped" not in name:
-            assert repr(values[name].dtype) == repr(value.dtype), name
+    attributes = frozenset(dir(torch.Tensor)) | frozenset(dir(torch.nn.Parameter))
+    assert attributes - {"__slotnames__"} == TENSOR_ATTRIBUTES - {"__slotnames__"}
+    for name, dtype in dtypes.all_names():
+        value = getattr(torch, name)
+        assert isinstance(value, torch.dtype) and repr(dtype) == repr(value), name
+        assert dtype.itemsize == value.itemsize, name
+        assert dtype.is_floating_point == value.is_floating_point, name
+        assert dtype.is_complex == value.is_complex, name
+    torch_names = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    assert torch_names == {n for n, _ in dtypes.all_names()}
+    with warnings.catch_warnings():  # TypedStorage classes warn that they are deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        for storage, dtype in dtypes.STORAGE_CLASSES.items():
+            if storage != "Storage":  # torch.Storage names the legacy base class
+                assert repr(getattr(torch, storage).dtype) == repr(dtype), storage
 
 
 _NO_TORCH = """

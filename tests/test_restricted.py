@@ -13,24 +13,20 @@ import pytest
 import torch
 
 import ckptport
-from ckptport.checkpoint import Format
 from ckptport.errors import InputError, UnsafeCheckpointError
-from ckptport.readers.restricted import ObjectRecord, load_restricted, settle
+from ckptport.readers import open_checkpoint
+from ckptport.tree import ObjectRecord
 from fixtures.hostile import ALL_ATTACKS, PROTO2, STOP, call, global_, text, write_zip
 from fixtures.make_fixtures import UNIMPORTABLE_MODULE
 
 HOSTILE = sorted(f"{name}_{kind}" for name in ALL_ATTACKS for kind in ("zip", "legacy"))
 
 
-def _fmt(name: str) -> Format:
-    return Format.TORCH_ZIP if name.endswith("_zip") else Format.TORCH_LEGACY
-
-
 @pytest.mark.parametrize("name", HOSTILE)
 def test_restricted_reader_refuses_attack(fx, sentinel, name):
     start = time.monotonic()
     with pytest.raises(InputError) as caught:
-        settle(load_restricted(fx[name], _fmt(name)).tree)  # settle: what read() runs after
+        open_checkpoint(fx[name])
     assert re.search(ALL_ATTACKS[name.rsplit("_", 1)[0]].message, caught.value.line()), \
         caught.value.line()
     assert time.monotonic() - start < 5
@@ -138,7 +134,7 @@ def test_allowed_callables_check_their_arguments(tmp_path, body, message):
     """The allow-list's callables are wrappers: no gigabyte allocations from a pickle."""
     path = write_zip(tmp_path / "f.pt", PROTO2 + body + STOP, ())
     with pytest.raises(InputError, match=message):
-        load_restricted(path, Format.TORCH_ZIP)
+        open_checkpoint(path)
     with pytest.raises(InputError):  # the fast path refuses or hands over; nothing allocates
         ckptport.read(path)
 
@@ -146,3 +142,47 @@ def test_allowed_callables_check_their_arguments(tmp_path, body, message):
 def test_trust_still_unpickles_fully(fx, run, tmp_path):
     result = run("normalize", fx["plain"], tmp_path / "o.pth", "--trust")
     assert result.exit_code == 0 and "--trust" in result.stderr
+
+
+# -- values handed to the pickle are read-only: BUILD cannot rewrite them -------------
+
+_MARK, _BUILD, _SETITEMS, _EMPTY_DICT, _TUPLE2, _NONE = b"(", b"b", b"u", b"}", b"\x86", b"N"
+
+
+def _slotstate(**attrs: bytes) -> bytes:
+    """A BUILD argument ``(None, {name: value})``: sets attributes, as for __slots__."""
+    pairs = b"".join(text(k) + v for k, v in attrs.items())
+    return _NONE + _EMPTY_DICT + _MARK + pairs + _SETITEMS + _TUPLE2
+
+
+@pytest.mark.parametrize(("module", "name", "attrs"), [
+    ("torch", "float32", {"itemsize": b"K\x08"}),  # the shared dtype table
+    ("collections", "OrderedDict", {"call": global_("builtins", "int")}),  # an allowed wrapper
+    ("argparse", "Namespace", {"__eq__": global_("builtins", "int")}),  # a real class
+    ("mypkg.tools", "make", {"record_name": text("collections.UserDict")}),  # a stand-in class
+])
+def test_build_on_a_global_is_refused_and_changes_nothing(tmp_path, module, name, attrs):
+    pkl = PROTO2 + global_(module, name) + _slotstate(**attrs) + _BUILD + STOP
+    path = write_zip(tmp_path / "build.pt", pkl, ())
+    with pytest.raises(InputError, match="BUILD|sets the attribute|__setstate__"):
+        open_checkpoint(path)
+    with pytest.raises(InputError):
+        open_checkpoint(path, lenient=True)
+    assert torch.finfo(torch.float32).bits == 32
+    from ckptport.dtypes import by_name
+
+    assert by_name("float32").itemsize == 4
+    assert argparse.Namespace.__eq__ is not int
+    namespace = PROTO2 + call(global_("argparse", "Namespace")) + STOP
+    value = open_checkpoint(write_zip(tmp_path / "ns.pt", namespace, ())).tree
+    assert type(value) is argparse.Namespace
+
+
+def test_build_on_a_described_tensor_is_refused(tmp_path):
+    from fixtures.hostile import storage, tensor
+
+    state = _MARK + storage("0", 64) + b"K\x00" + b"K\x08K\x08\x86" + b"K\x08K\x01\x86" + b"t"
+    pkl = PROTO2 + tensor(storage("1", 4), 0, (4,), (1,)) + state + _BUILD + STOP
+    path = write_zip(tmp_path / "swap.pt", pkl, (("0", 64), ("1", 4)))
+    with pytest.raises(InputError, match="BUILD"):
+        open_checkpoint(path)

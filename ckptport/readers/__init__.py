@@ -1,8 +1,17 @@
-"""Readers: one per container format, each producing a ``Checkpoint``.
+"""Readers: one per container format, one resolver, one dispatch.
 
-``read`` recognizes the container from the file's bytes (a folder or
-``*.index.json`` is a shard set) and dispatches. No reader executes code
+``resolve`` decides once what a path names (a checkpoint file, a shard set,
+a DCP folder, a Hugging Face model folder) and opens it; ``open_checkpoint``
+hands the source to the one reader that claims it. Every command reads
+through here: ``inspect``, ``check`` and the manifest get described
+tensors (no torch), ``normalize`` and ``diff`` the same checkpoint and read
+tensor bytes by position, and ``ckptport.read`` turns the described
+tensors into torch tensors mapped from the file. No reader executes code
 from the file unless the caller passes ``trust=True``.
+
+To add a reader: write a module with a class that has ``format``,
+``claims(source)`` and ``load(source, options)``, and add an instance to
+``READERS`` below.
 """
 
 from __future__ import annotations
@@ -10,70 +19,165 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..checkpoint import Checkpoint, Format
-from ..errors import InputError
-from .sniff import sniff
+from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..errors import CkptportError, CodeArchiveError, InputError
+from ..sources import SourceFile, check_regular, open_source
+from ..tensors import to_torch
+from ..tree import map_tree
+from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
+from .dcp import DcpReader, is_dcp
+from .legacy import LegacyReader
+from .safetensors import SafetensorsReader
+from .shards import ShardsReader
+from .torch_zip import TorchScriptReader, TorchZipReader
 
-__all__ = ["read", "read_file", "resolve"]
+__all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
+           "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
+           "HF_WEIGHTS"]
 
-
-def resolve(path: str | os.PathLike[str]) -> tuple[Path, tuple[Path, ...]]:
-    """The file to read (a folder's shard index) and every file its bytes come from."""
-    source = Path(path)
-    if source.is_dir():
-        from .dcp import METADATA_FILE, is_dcp
-
-        if is_dcp(source):
-            return source, (source / METADATA_FILE, *sorted(source.glob("*.distcp")))
-        source = _weights_in(source)
-    if source.name.endswith(".index.json"):
-        from .shards import shard_files
-
-        return source, (source, *shard_files(source)[2])
-    return source, (source,)
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
-SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+def resolve(path: str | os.PathLike[str]) -> Source:
+    """What ``path`` names, decided once and opened."""
+    from ..containers.shard_index import find_index, parse_index
+    from ..containers.sniff import sniff
+
+    given = Path(path)
+    target = given
+    if given.is_dir():
+        if is_dcp(given):
+            return Source(given, SourceKind.DCP, given, (given / ".metadata",), Format.DCP)
+        index = find_index(given)
+        target = index if index is not None else _hf_weights(given)
+    if target.name.endswith(".index.json"):
+        parsed = parse_index(target)
+        return Source(given, SourceKind.SHARDS, target, (target, *parsed.shards),
+                      parsed.format, index=parsed)
+    file = open_source(target)
+    fmt = sniff(file)
+    if target.name.lower().endswith(".safetensors") and fmt is not Format.SAFETENSORS:
+        raise InputError(f"is named .safetensors but is {'a ' + fmt if fmt else 'not'} a "
+                         "safetensors file: torch.load reads *.safetensors with the "
+                         "safetensors library, which cannot read it, so readers would "
+                         "disagree; rename it", target)
+    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
 
 
-def _weights_in(folder: Path) -> Path:
-    """The weights of a folder: its shard index, or a Hugging Face model folder's file."""
-    from .shards import find_index
-
-    index = find_index(folder)
-    if index is not None:
-        return index
-    for name in SINGLE_WEIGHTS:
-        if (folder / name).is_file():
+def _hf_weights(folder: Path) -> Path:
+    for name in HF_WEIGHTS:
+        if (folder / name).exists():
+            check_regular(folder / name)
             return folder / name
     raise InputError("is a directory with no checkpoint in it (no *.index.json shard index, "
-                     f"no {' or '.join(SINGLE_WEIGHTS)}, no DCP .metadata)", folder)
+                     f"no {' or '.join(HF_WEIGHTS)}, no DCP .metadata)", folder)
+
+
+def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
+    return open_checkpoint(path, trust=options.trust, lenient=options.lenient)
+
+
+READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
+                               SafetensorsReader(), ShardsReader(_load_file),
+                               DcpReader(_load_file))
+
+
+def _reader_for(source: Source) -> Reader:
+    for reader in READERS:
+        if reader.claims(source):
+            return reader
+    if source.file is not None and source.format is None:
+        head = source.file.read(0, min(source.file.size, 8))
+        raise InputError(f"not a PyTorch or safetensors checkpoint (starts with {head.hex()})",
+                         source.main)
+    raise InputError("not a checkpoint ckptport reads", source.main)
+
+
+def open_checkpoint(path: str | os.PathLike[str] | Source, *, trust: bool = False,
+                    lenient: bool = False) -> Checkpoint:
+    """The checkpoint at ``path``, tensors described where the format allows (no torch)."""
+    source = path if isinstance(path, Source) else resolve(path)
+    options = ReadOptions(trust=trust, lenient=lenient)
+    try:
+        return _reader_for(source).load(source, options)
+    except RecursionError:
+        raise InputError("the checkpoint nests too deeply to read", source.main) from None
+    except CodeArchiveError:
+        raise
+    except CkptportError as exc:
+        if lenient and exc.dangerous:
+            return _names_only(source, exc)
+        raise
+
+
+def _names_only(source: Source, exc: CkptportError) -> Checkpoint:
+    """A report's view of a file that names code-running globals and is also unreadable.
+
+    What matters first about such a file is what full unpickling would run
+    (the pickle reaches those globals before it breaks), so reports name
+    them as for any other code-running file and say in a note why nothing
+    else is shown.
+    """
+    size = source.file.size if source.file is not None else 0
+    return Checkpoint({}, SourceFacts(
+        path=source.main, format=source.format or Format.TORCH_ZIP, size=size,
+        files=source.files, refused_globals=exc.dangerous, spellings=dict(exc.spellings),
+        globals=exc.dangerous,
+        notes=(f"nothing shown past the code-running globals: {exc.message}",)))
+
+
+def load_bytes(file: SourceFile) -> Checkpoint:
+    """A checkpoint held in memory (a value ``torch.save``'d inside a DCP item)."""
+    from ..containers.sniff import sniff
+
+    source = Source(file.path, SourceKind.FILE, file.path, (file.path,), sniff(file), file)
+    if source.format not in (Format.TORCH_ZIP, Format.TORCH_LEGACY):
+        raise InputError("an embedded value that is not a torch.save'd pickle", file.path)
+    return open_checkpoint(source)
+
+
+def materialize(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint with torch tensors (views of the mapped file) and torch values.
+
+    One leaf under two names (tied) becomes one torch tensor; leaves over one
+    storage become views of one torch storage.
+    """
+    storages: dict[int, object] = {}
+    made: dict[int, object] = {}
+
+    def leaf(path: tuple[object, ...], value: object) -> object:
+        if id(value) not in made:
+            made[id(value)] = _torch_value(value, storages)
+        return made[id(value)]
+
+    return checkpoint.with_tree(map_tree(checkpoint.tree, leaf))
+
+
+def _torch_value(value: object, storages: dict[int, object]) -> object:
+    from ..dtypes import DType
+    from ..tree import is_tensor
+    from ..unpickle.values import Device, Size
+
+    if is_tensor(value):
+        return to_torch(value, storages)
+    if isinstance(value, Size):
+        import torch
+
+        return torch.Size(value)
+    if isinstance(value, Device):
+        import torch
+
+        return torch.device(str(value))
+    if isinstance(value, DType):
+        return value.to_torch()
+    return value
 
 
 def read(path: str | os.PathLike[str], *, trust: bool = False) -> Checkpoint:
     """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
-    source, _ = resolve(path)
-    if source.is_dir():
-        from .dcp import read_dcp
-
-        return read_dcp(source)
-    if source.name.endswith(".index.json"):
-        from .shards import read_shards
-
-        return read_shards(source, trust=trust)
-    return read_file(source, trust=trust)
+    return materialize(open_checkpoint(path, trust=trust))
 
 
-def read_file(source: Path, *, trust: bool = False) -> Checkpoint:
-    """Read one checkpoint file."""
-    fmt = sniff(source)
-    if fmt is Format.SAFETENSORS:
-        from .safetensors import read_safetensors
-
-        return read_safetensors(source)
-    from .torch_pickle import read_torch
-
-    try:
-        return read_torch(source, fmt, trust=trust)
-    except RecursionError:
-        raise InputError("pickle nests too deeply to read", source) from None
+def describe(path: str | os.PathLike[str]) -> Checkpoint:
+    """Describe any checkpoint without importing torch where the format allows."""
+    return open_checkpoint(path, lenient=True)

@@ -1,35 +1,52 @@
 """Read ``torch.distributed.checkpoint`` (DCP) folders without a process group.
 
-torch's own DCP reader is used for the data (transforms, chunked tensors,
-the ``.distcp`` layout), with the two places it would run code from the
-file replaced: the ``.metadata`` file, which torch reads with plain
-``pickle.load``, is read by an unpickler that only builds DCP's own
-metadata classes, dtypes and sizes; non-tensor items, which torch's planner
-reads with ``torch.load(weights_only=False)``, are read with
-``weights_only=True`` and ckptport's allowlist. Data file names in the
-metadata are data from the file: anything but a plain ``*.distcp`` name in
-the folder is refused. Tensors are loaded one at a time.
+torch's own DCP reader is used for tensor data (transforms, chunked
+tensors, the ``.distcp`` layout), with the two places it would run code
+from the file replaced:
+
+- the ``.metadata`` file, which torch reads with plain ``pickle.load``, is
+  scanned like every pickle (lengths, memo indexes, nesting) and then read
+  by an unpickler that only builds DCP's own metadata classes;
+- non-tensor items, which torch reads with ``torch.load(weights_only=False)``,
+  are read by ckptport's unpickler.
+
+Everything the metadata claims is checked before it is used: data file
+names (plain ``*.distcp`` names in the folder, no links out of it), item
+sizes against the data files, planner key paths (strings and list indexes
+no larger than the number of items, not deeper than any real state dict).
+Transformed (compressed) storage is refused: ckptport cannot bound what a
+transform would allocate. Lightning's FSDP folders keep the rest of the
+checkpoint in a ``meta.pt`` beside the DCP files; it is read with the
+checkpoint reader and merged in.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
-from ..errors import InputError
-from . import allowlist
-from .pickle_scan import scan_globals
+from ..errors import CkptportError, InputError
+from ..sources import MemorySource, check_regular
+from ..unpickle.engine import bounded
+from ..unpickle.scan import ScanError, scan
+from .base import ReadOptions, Source, SourceKind
 
-__all__ = ["read_dcp", "is_dcp", "read_dcp_metadata", "METADATA_FILE"]
+__all__ = ["DcpReader", "is_dcp", "read_dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
 
 METADATA_FILE = ".metadata"
+LIGHTNING_META = "meta.pt"
+MAX_PATH_DEPTH = 64
 _DCP = "torch.distributed.checkpoint"
+
+LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 
 def is_dcp(folder: Path) -> bool:
@@ -64,10 +81,9 @@ def _allowed() -> dict[str, Any]:
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP metadata only: any other global is refused, never imported."""
 
-    def __init__(self, file: Any, path: Path) -> None:
+    def __init__(self, file: Any, path: Path, allowed: dict[str, Any]) -> None:
         super().__init__(file)
-        self._path = path
-        self._allowed = _allowed()
+        self._path, self._allowed = path, allowed
 
     def find_class(self, module: str, name: str) -> Any:
         qualified = f"{module}.{name}"
@@ -81,39 +97,61 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(folder: Path) -> Any:
-    path = folder / METADATA_FILE
     from torch.distributed.checkpoint.metadata import Metadata
 
+    path = folder / METADATA_FILE
+    check_regular(path)
     try:
         data = path.read_bytes()
-        # The C unpickler allocates a string's declared length before reading it;
-        # walking the opcodes first refuses lengths past the end of the data.
-        scan_globals(io.BytesIO(data))
-        metadata = _MetadataUnpickler(io.BytesIO(data), path).load()
-    except InputError:
+        found = scan(data)
+        allowed = _allowed()
+        metadata = bounded(data, found, lambda stream: _MetadataUnpickler(stream, path, allowed))
+    except CkptportError:
         raise
+    except ScanError as exc:
+        raise InputError(f"corrupt DCP metadata: {exc}", path) from None
     except OSError as exc:
         raise InputError.from_os_error(exc, path) from None
     except Exception as exc:  # any failure to parse hostile bytes is "corrupt"
         raise InputError(f"corrupt DCP metadata: {type(exc).__name__}: {exc}", path) from None
-    if not isinstance(metadata, Metadata):
-        raise InputError("DCP metadata is not a Metadata record", path)
-    if not isinstance(getattr(metadata, "storage_data", None), dict) or not isinstance(
-        getattr(metadata, "state_dict_metadata", None), dict
-    ):
-        raise InputError("corrupt DCP metadata: storage data or items are not maps", path)
+    if not isinstance(metadata, Metadata) or not isinstance(
+            getattr(metadata, "storage_data", None), dict) or not isinstance(
+            getattr(metadata, "state_dict_metadata", None), dict):
+        raise InputError("corrupt DCP metadata: not a Metadata record of maps", path)
     for info in metadata.storage_data.values():
         name = str(getattr(info, "relative_path", ""))
         if PurePosixPath(name).name != name or not name.endswith(".distcp") or "\\" in name:
             raise InputError(f"DCP metadata names data file {name!r}: only plain *.distcp "
                              "names in the folder are allowed", path)
-        if not (folder / name).is_file():
+        data_file = folder / name
+        if not data_file.exists():
             raise InputError(f"DCP data file {name} is missing", path)
+        if Path(os.path.realpath(data_file)).parent != Path(os.path.realpath(folder)):
+            raise InputError(f"DCP data file {name} is a link out of the folder", path)
+        check_regular(data_file)
+        if getattr(info, "transform_descriptors", None):
+            raise InputError(f"DCP data in {name} is transformed (compressed); ckptport reads "
+                             "plain DCP data only", path)
     return metadata
 
 
+def _plain_paths(paths: Any, items: int) -> bool:
+    """Planner data as DCP writes it: item name -> a short path of keys and list indexes."""
+    return isinstance(paths, dict) and all(
+        isinstance(fqn, str) and isinstance(path, (tuple, list)) and 0 < len(path) <=
+        MAX_PATH_DEPTH and all(type(part) is str or (type(part) is int and 0 <= part <= items)
+                               for part in path)
+        for fqn, path in paths.items())
+
+
+def _byte_item(folder: Path, fqn: str, data: bytes) -> Any:
+    """A non-tensor item: a ``torch.save``'d value, read by ckptport's own readers."""
+    from . import load_bytes
+
+    return load_bytes(MemorySource(folder / f"<{fqn}>", data)).tree
+
+
 def _reader_and_planner(folder: Path, metadata: Any) -> tuple[Any, Any]:
-    import torch
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
     class SafeReader(FileSystemReader):
@@ -122,100 +160,54 @@ def _reader_and_planner(folder: Path, metadata: Any) -> tuple[Any, Any]:
 
     class SafePlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            with torch.serialization.safe_globals(allowlist.safe_globals()):
-                try:
-                    obj = torch.load(value, weights_only=True, map_location="cpu")
-                except pickle.UnpicklingError as exc:
-                    raise InputError(f"DCP item {read_item.dest_index.fqn!r} needs globals "
-                                     f"outside the weights-only allowlist: "
-                                     f"{str(exc).splitlines()[0][:200]}", folder) from None
-            self.state_dict[read_item.dest_index.fqn] = obj
+            fqn = read_item.dest_index.fqn
+            self.state_dict[fqn] = _byte_item(folder, fqn, value.getvalue())
 
     return SafeReader(folder), SafePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
 
 
-def read_dcp(folder: Path) -> Checkpoint:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = read_dcp_metadata(folder)
-    paths = getattr(metadata, "planner_data", None) or {}
-    if not _plain_paths(paths) or not all(isinstance(k, str)
-                                          for k in metadata.state_dict_metadata):
-        raise InputError("corrupt DCP metadata: planner data or item names are not key paths",
-                         folder)
-    infos = list(metadata.storage_data.values())
-    data_bytes = None if any(getattr(i, "transform_descriptors", None) for i in infos) else sum(
-        (folder / name).stat().st_size for name in {str(i.relative_path) for i in infos})
-    tree: dict[Any, Any] = {}
-    for fqn, item in metadata.state_dict_metadata.items():
-        value: Any = None
-        if isinstance(item, TensorStorageMetadata):
-            shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
-            value = torch.empty(shape, dtype=dtype)
-        loaded = {fqn: value}
-        reader, planner = _reader_and_planner(folder, metadata)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
-        except InputError:
-            raise
-        except (Exception, CheckpointException) as exc:  # torch reports broken files many ways
-            detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-            raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: {detail}",
-                             folder) from None
-        try:
-            set_element(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
-        except (TypeError, KeyError, IndexError, AttributeError):
-            raise InputError(f"corrupt DCP planner data for {fqn!r}", folder) from None
-    files = (folder / METADATA_FILE, *sorted({folder / str(i.relative_path)
-                                              for i in metadata.storage_data.values()}))
-    tensors = sum(isinstance(i, TensorStorageMetadata)
-                  for i in metadata.state_dict_metadata.values())
-    return Checkpoint(tree, SourceFacts(
-        path=folder, format=Format.DCP, size=sum(f.stat().st_size for f in files),
-        storage_locations=dict(Counter({"cpu": tensors})) if tensors else {},
-        files=files, metadata=_planner_facts(metadata, paths, files),
-    ))
-
-
-
-def _checked_shape(folder: Path, fqn: str, item: Any,
-                   data_bytes: int | None) -> tuple[Any, Any]:
-    """The tensor's shape and dtype, refused before allocating if the data cannot hold it.
-
-    ``data_bytes`` is None when the data is transformed (compressed) and may
-    legitimately be smaller than the tensors.
-    """
+def _checked_shape(folder: Path, fqn: str, item: Any, data_bytes: int) -> tuple[Any, Any]:
+    """The tensor's shape and dtype, refused before allocating if the data cannot hold it."""
     import torch
 
     size, dtype = getattr(item, "size", None), getattr(getattr(item, "properties", None),
                                                         "dtype", None)
     if not isinstance(dtype, torch.dtype) or not isinstance(size, tuple) or not all(
-        type(d) is int and d >= 0 for d in size
-    ):
+            type(d) is int and d >= 0 for d in size):
         raise InputError(f"corrupt DCP metadata for {fqn!r}: bad size or dtype", folder)
     nbytes = math.prod(size) * dtype.itemsize
-    if data_bytes is not None and nbytes > data_bytes:
+    if nbytes > data_bytes:
         raise InputError(f"DCP item {fqn!r} declares {nbytes} bytes but the data files hold "
                          f"{data_bytes}", folder)
     return tuple(size), dtype
 
 
-def _plain_paths(paths: Any) -> bool:
-    """Planner data as DCP writes it: item name -> path of str keys and int indexes."""
-    return isinstance(paths, dict) and all(
-        isinstance(fqn, str) and isinstance(path, (tuple, list)) and path
-        and all(type(part) in (str, int) for part in path)
-        for fqn, path in paths.items()
-    )
+def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Place ``value`` at ``path`` as DCP's traversal does: ints index lists, strs key dicts."""
+    node: Any = tree
+    for part, following in zip(path, (*path[1:], None), strict=True):
+        last = following is None
+        if isinstance(node, list):
+            if type(part) is not int:
+                raise TypeError(part)
+            node.extend([None] * (part + 1 - len(node)))
+            if last:
+                node[part] = value
+            else:
+                if node[part] is None:
+                    node[part] = [] if type(following) is int else {}
+                node = node[part]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, [] if type(following) is int else {})
+        else:
+            raise TypeError(part)
 
 
-def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]) -> dict[str, str]:
+def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]
+                   ) -> dict[str, str]:
     """What the DCP planner recorded, as strings for reports (``inspect``)."""
     import json
 
@@ -229,3 +221,86 @@ def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]
     if version is not None:
         facts["dcp.version"] = str(version)
     return facts
+
+
+class DcpReader:
+    format = Format.DCP
+
+    def __init__(self, load_file: LoadFile) -> None:
+        self.load_file = load_file
+
+    def claims(self, source: Source) -> bool:
+        return source.kind is SourceKind.DCP
+
+    def load(self, source: Source, options: ReadOptions) -> Checkpoint:
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        folder = source.main
+        metadata = read_dcp_metadata(folder)
+        items = metadata.state_dict_metadata
+        paths = getattr(metadata, "planner_data", None) or {}
+        if not _plain_paths(paths, len(items)) or not all(isinstance(k, str) for k in items):
+            raise InputError("corrupt DCP metadata: planner data or item names are not key "
+                             "paths", folder)
+        files = (folder / METADATA_FILE, *sorted({folder / str(i.relative_path)
+                                                  for i in metadata.storage_data.values()}))
+        data_bytes = sum(f.stat().st_size for f in files[1:])
+        tree: dict[Any, Any] = {}
+        for fqn, item in items.items():
+            value: Any = None
+            if isinstance(item, TensorStorageMetadata):
+                shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
+                value = torch.empty(shape, dtype=dtype)
+            loaded = {fqn: value}
+            reader, planner = _reader_and_planner(folder, metadata)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
+            except CkptportError as exc:
+                raise exc.at(folder) from None
+            except (Exception, CheckpointException) as exc:  # torch reports broken files many ways
+                inner = _inner_error(exc)
+                if inner is not None:
+                    raise inner.at(folder) from None
+                detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: "
+                                 f"{detail}", folder) from None
+            try:
+                _set(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
+            except (TypeError, KeyError, IndexError, AttributeError):
+                raise InputError(f"corrupt DCP planner data for {fqn!r}", folder) from None
+        meta_facts: dict[str, str] = {}
+        meta = folder / LIGHTNING_META
+        if meta.is_file():
+            extra = self.load_file(meta, options)
+            if isinstance(extra.tree, dict):
+                tree = {**extra.tree, **tree}
+                files = (*files, meta)
+                meta_facts["lightning.meta"] = LIGHTNING_META
+        tensors = sum(isinstance(i, TensorStorageMetadata) for i in items.values())
+        return Checkpoint(tree, SourceFacts(
+            path=folder, format=self.format, size=sum(f.stat().st_size for f in files),
+            storage_locations=dict(Counter({"cpu": tensors})) if tensors else {},
+            files=files, metadata={**_planner_facts(metadata, paths, files), **meta_facts}))
+
+
+def _inner_error(exc: BaseException) -> CkptportError | None:
+    """A ckptport error raised inside torch's DCP machinery (it wraps them)."""
+    seen: set[int] = set()
+    stack: list[Any] = [exc]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, CkptportError):
+            return current
+        stack += [current.__cause__, current.__context__]
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):  # rank -> (exception, traceback)
+            stack += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None

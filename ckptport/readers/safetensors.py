@@ -1,94 +1,104 @@
-"""Read ``.safetensors`` files as lazy, zero-copy tensors.
+"""Read ``.safetensors`` files: the header parsed strictly, tensors described by position.
 
-The header is parsed and checked by ckptport (``safetensors_layout``); the
-data is mapped privately (copy-on-write) and every tensor is a view of that
-map, so reading a 10 GB file costs nothing until a tensor's bytes are used,
-and a rule that writes into a tensor never touches the file. A tree saved by
-ckptport (``--select all``, tied tensors, state-dict ``_metadata``) is
-rebuilt from the ``ckptport.tree`` metadata.
+What a file holds is what the safetensors library would load: its tensor
+names, dtypes, shapes and bytes. ckptport's own metadata in a file
+(``ckptport.tree``: the whole tree of ``--select all``, key order and
+state-dict ``_metadata``; ``ckptport.aliases``: tied names) is a claim like
+any other. It is used only when it agrees with the tensors — every tensor
+appears under its own name, and any other name that leads to it is a
+declared alias — otherwise the reader keeps the library's view and says
+why in the source's notes.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 from collections import OrderedDict
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import treejson
 from ..checkpoint import Checkpoint, Format, SourceFacts
-from ..dtypes import torch_dtype
-from ..errors import InputError
-from ..safetensors_layout import ITEMSIZE, Header, parse_header
+from ..containers.safetensors import Header, parse_header
+from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
+from ..tree import KEY_ALIASES, KEY_TREE, format_path, iter_tensors
+from .base import ReadOptions, Source
 
-__all__ = ["read_safetensors", "TREE_KEY", "ALIASES_KEY"]
-
-TREE_KEY = "ckptport.tree"
-ALIASES_KEY = "ckptport.aliases"
+__all__ = ["SafetensorsReader", "header_of"]
 
 
-def read_safetensors(path: Path,
-                     make_tensors: Callable[[Path, Header], dict[str, Any]] | None = None
-                     ) -> Checkpoint:
-    """A Checkpoint of a safetensors file; ``make_tensors`` turns the header's
-    entries into leaves (mapped tensors by default; descriptions for ``inspect``)."""
-    header = parse_header(path)
-    tensors = (make_tensors or _map_tensors)(path, header)
-    tree: Any
-    if TREE_KEY in header.metadata:
-        try:
-            tree = treejson.decode(header.metadata[TREE_KEY], tensors)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InputError(f"corrupt {TREE_KEY} metadata: {exc!r}", path) from None
-    else:
-        tree = OrderedDict(tensors)
-    aliases = _aliases(path, header.metadata)
-    return Checkpoint(
-        tree=tree,
-        source=SourceFacts(
-            path=path,
-            format=Format.SAFETENSORS,
-            size=path.stat().st_size,
-            storage_locations={"cpu": len(tensors)} if tensors else {},
-            shared_storages=aliases,
-            metadata=dict(header.metadata),
-        ),
-    )
+def header_of(source: Source) -> Header:
+    assert source.file is not None
+    return source.parsed("header", lambda: parse_header(source.file))  # type: ignore[arg-type]
 
 
-def _map_tensors(path: Path, header: Header) -> dict[str, Any]:
-    import torch
-
-    data_start = header.data_start
-    ordered = sorted(header.entries.items(), key=lambda item: item[1].start)
-    if not any(entry.nbytes for _, entry in ordered):
-        return {name: torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
-                for name, entry in ordered}
-    with path.open("rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    tensors = {}
-    for name, entry in ordered:
-        dtype = torch_dtype(entry.dtype)
-        offset = data_start + entry.start
-        if entry.nbytes == 0:
-            tensors[name] = torch.empty(entry.shape, dtype=dtype)
-        elif offset % ITEMSIZE[entry.dtype] == 0:
-            flat = torch.frombuffer(mapped, dtype=dtype, offset=offset,
-                                    count=entry.nbytes // ITEMSIZE[entry.dtype])
-            tensors[name] = flat.view(entry.shape)
-        else:  # unaligned data (files not written by ckptport or safetensors): copy
-            raw = torch.frombuffer(mapped, dtype=torch.uint8, offset=offset, count=entry.nbytes)
-            tensors[name] = raw.clone().view(dtype).view(entry.shape)
+def _tensors(source: Source, header: Header) -> dict[str, TensorInfo]:
+    assert source.file is not None
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.entries.items():
+        blob = Blob(source.file, header.data_start + entry.start, entry.nbytes,
+                    name=f"tensor {name}")
+        storage = StorageInfo(name, "cpu", entry.dtype, entry.nbytes, blob)
+        tensors[name] = TensorInfo(entry.dtype, entry.shape, contiguous_strides(entry.shape),
+                                   0, storage)
     return tensors
 
 
-def _aliases(path: Path, metadata: dict[str, str] | Any) -> tuple[tuple[str, ...], ...]:
-    if ALIASES_KEY not in metadata:
-        return ()
-    try:
-        aliases = json.loads(metadata[ALIASES_KEY])
-        return tuple((name, *others) for name, others in aliases.items())
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise InputError(f"corrupt {ALIASES_KEY} metadata: {exc!r}", path) from None
+def _aliases(metadata: Any, tensors: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """``ckptport.aliases``, if well formed: tensor name -> its other names."""
+    if KEY_ALIASES not in metadata:
+        return {}
+    aliases = json.loads(metadata[KEY_ALIASES])
+    if not isinstance(aliases, dict) or not all(
+            name in tensors and isinstance(others, list) and all(
+                isinstance(o, str) and o not in tensors for o in others)
+            for name, others in aliases.items()):
+        raise treejson.TreeDecodeError(f"{KEY_ALIASES} names tensors the file does not hold")
+    flat = [o for others in aliases.values() for o in others]
+    if len(set(flat)) != len(flat):
+        raise treejson.TreeDecodeError(f"{KEY_ALIASES} gives one name to two tensors")
+    return {name: tuple(others) for name, others in aliases.items()}
+
+
+def _claimed_tree(metadata: Any, tensors: dict[str, TensorInfo]) -> Any:
+    """The tree ``ckptport.tree`` claims, if every tensor sits under its own or an alias name."""
+    aliases = _aliases(metadata, tensors)
+    tree = treejson.decode(metadata[KEY_TREE], tensors)
+    by_id = {id(t): name for name, t in tensors.items()}
+    seen: set[str] = set()
+    for path, leaf in iter_tensors(tree):
+        name, where = by_id[id(leaf)], format_path(path)
+        if where != name and where not in aliases.get(name, ()):
+            raise treejson.TreeDecodeError(f"{KEY_TREE} puts tensor {name!r} at {where!r}, "
+                                           "where the safetensors library would not")
+        seen.add(name)
+    if seen != set(tensors):
+        raise treejson.TreeDecodeError(f"{KEY_TREE} leaves out tensors the file holds")
+    return tree
+
+
+class SafetensorsReader:
+    format = Format.SAFETENSORS
+
+    def claims(self, source: Source) -> bool:
+        return source.format is Format.SAFETENSORS
+
+    def load(self, source: Source, options: ReadOptions) -> Checkpoint:
+        assert source.file is not None
+        header = header_of(source)
+        tensors = _tensors(source, header)
+        tree: Any = OrderedDict(tensors)
+        notes: tuple[str, ...] = ()
+        aliases: dict[str, tuple[str, ...]] = {}
+        if KEY_TREE in header.metadata:
+            try:
+                tree = _claimed_tree(header.metadata, tensors)
+                aliases = _aliases(header.metadata, tensors)
+            except (treejson.TreeDecodeError, ValueError, RecursionError) as exc:
+                tree = OrderedDict(tensors)
+                notes = (f"{KEY_TREE} metadata ignored ({exc}): the tensors are read as the "
+                         "safetensors library lists them",)
+        return Checkpoint(tree, SourceFacts(
+            path=source.main, format=self.format, size=source.file.size,
+            storage_locations={"cpu": len(tensors)} if tensors else {},
+            shared_storages=tuple((name, *others) for name, others in aliases.items()),
+            metadata=dict(header.metadata), notes=notes))

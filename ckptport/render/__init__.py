@@ -10,15 +10,17 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from ..check import CheckReport
-from ..convert import ConvertReport
-from ..diff import DiffReport
-from ..inspect import InspectReport
+from ..commands.check import CheckReport
+from ..commands.diff import DiffReport
+from ..commands.inspection import InspectReport
+from ..commands.normalize import NormalizeReport
 
-__all__ = ["ReportFormat", "Formatter", "formatter"]
+__all__ = ["ReportFormat", "Formatter", "FORMATTERS", "formatter", "formats_for"]
 
 
 class ReportFormat(str, enum.Enum):
+    """The built-in formats' names (``FORMATTERS`` is what the CLI offers)."""
+
     TEXT = "text"
     JSON = "json"
     MARKDOWN = "markdown"
@@ -26,7 +28,13 @@ class ReportFormat(str, enum.Enum):
 
 
 class Formatter(Protocol):
-    def convert(self, report: ConvertReport) -> str: ...
+    """One report format: its ``--format`` name, the commands it renders, and a method
+    per report. To add one: a module with such a class and one entry in ``FORMATTERS``."""
+
+    name: str
+    commands: frozenset[str]
+
+    def normalize(self, report: NormalizeReport) -> str: ...
 
     def diff(self, report: DiffReport, limit: int | None = None) -> str:
         """``limit``: rows per section in human formats; json always lists all."""
@@ -37,16 +45,27 @@ class Formatter(Protocol):
     def check(self, report: CheckReport) -> str: ...
 
 
-def formatter(fmt: ReportFormat | str) -> Formatter:
+def _formatters() -> tuple[Formatter, ...]:
     from .github import GithubFormatter
     from .json import JsonFormatter
     from .markdown import MarkdownFormatter
     from .text import TextFormatter
 
-    formatters: dict[ReportFormat, Formatter] = {
-        ReportFormat.TEXT: TextFormatter(),
-        ReportFormat.JSON: JsonFormatter(),
-        ReportFormat.MARKDOWN: MarkdownFormatter(),
-        ReportFormat.GITHUB: GithubFormatter(),
-    }
-    return formatters[ReportFormat(fmt)]
+    return (TextFormatter(), JsonFormatter(), MarkdownFormatter(), GithubFormatter())
+
+
+FORMATTERS: tuple[Formatter, ...] = _formatters()
+
+
+def formats_for(command: str) -> list[str]:
+    """The ``--format`` choices of ``command``."""
+    return [f.name for f in FORMATTERS if command in f.commands]
+
+
+def formatter(fmt: ReportFormat | str) -> Formatter:
+    name = fmt.value if isinstance(fmt, ReportFormat) else fmt
+    for candidate in FORMATTERS:
+        if candidate.name == name:
+            return candidate
+    raise ValueError(f"unknown report format {name!r} (known: "
+                     f"{', '.join(f.name for f in FORMATTERS)})")

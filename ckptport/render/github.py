@@ -7,19 +7,25 @@ plain text one, which is what a CI log should show.
 
 from __future__ import annotations
 
-from ..check import CheckReport
+from ..commands.check import CheckReport
+from ..escape import printable
 from .text import TextFormatter, check_summary
 
 __all__ = ["GithubFormatter"]
 
 
 def _escape(text: str, property_value: bool = False) -> str:
-    """Workflow-command escaping: ``%``, CR, LF always; ``:`` and ``,`` in properties."""
+    """Workflow-command escaping: ``%``, CR, LF always; ``:`` and ``,`` in properties; any
+    other control character from the file escaped, so an annotation stays one valid line."""
     text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    text = printable(text)
     return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
 
 
 class GithubFormatter(TextFormatter):
+    name = "github"
+    commands = frozenset({"check"})
+
     def check(self, report: CheckReport) -> str:
         lines = []
         for result in report.files:
@@ -27,4 +33,4 @@ class GithubFormatter(TextFormatter):
                 title = _escape(f"{f.code} {f.key}" if f.key else f.code, property_value=True)
                 lines.append(f"::{f.severity} file={_escape(str(f.path), True)},"
                              f"title={title}::{_escape(f.message)}")
-        return "\n".join([*lines, check_summary(report)])
+        return "\n".join([*lines, printable(check_summary(report))])

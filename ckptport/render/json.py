@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..check import CheckReport
-from ..convert import ConvertReport
-from ..diff import DiffReport
-from ..inspect import InspectReport
+from ..commands.check import CheckReport
+from ..commands.diff import DiffReport
+from ..commands.inspection import InspectReport
+from ..commands.normalize import NormalizeReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 
@@ -23,7 +23,7 @@ def jsonable(value: Any) -> Any:
     """Dataclasses, enums, paths and mappings as plain JSON values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if f.init}
+                if f.init and not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Path):
@@ -36,14 +36,18 @@ def jsonable(value: Any) -> Any:
 
 
 class JsonFormatter:
-    def convert(self, report: ConvertReport) -> str:
+    name = "json"
+    commands = frozenset({"normalize", "diff", "inspect", "check", "manifest"})
+
+    def normalize(self, report: NormalizeReport) -> str:
         source = jsonable(report.source)
         source["sha256"] = report.source_sha256
+        selected = report.rule("select")
         doc = {
             "ckptport": __version__,
             "command": "normalize",
             "source": source,
-            "selection": dict(report.rules[0].details) if report.rules else {},
+            "selection": jsonable(dict(selected.details)) if selected else {},
             "rules": [jsonable(r) for r in report.rules],
             "output": jsonable(report.output),
         }
@@ -78,6 +82,7 @@ class JsonFormatter:
                        "findings": [{"code": x.code, "severity": x.severity, "key": x.key,
                                      "message": x.message} for x in f.findings]}
                       for f in report.files],
+            "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
         }
         return json.dumps(doc, indent=2)
 

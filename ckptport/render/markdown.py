@@ -7,13 +7,16 @@ Only ``diff`` has a markdown form; every other report is the text one.
 
 from __future__ import annotations
 
-from ..diff import DiffReport
-from .text import DIFF_LIMIT, Section, TextFormatter, diff_context, diff_sections
+from ..commands.diff import DiffReport
+from .text import DIFF_LIMIT, Section, TextFormatter, diff_context, diff_sections, joined
 
 __all__ = ["MarkdownFormatter"]
 
 
 class MarkdownFormatter(TextFormatter):
+    name = "markdown"
+    commands = frozenset({"diff"})
+
     def diff(self, report: DiffReport, limit: int | None = None) -> str:
         verdict = "equal" if report.equal else "different"
         lines = [f"### ckptport diff: {verdict}", "", f"**{_escape(report.summary())}**", "",
@@ -21,7 +24,7 @@ class MarkdownFormatter(TextFormatter):
                  *diff_context(report), "```", "", "</details>"]
         for section in diff_sections(report):
             lines += _table(section, DIFF_LIMIT if limit is None else limit)
-        return "\n".join(lines)
+        return joined(lines)
 
 
 def _table(section: Section, limit: int) -> list[str]:

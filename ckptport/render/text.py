@@ -1,16 +1,22 @@
-"""Human-readable reports: a headline, one line per rule, the first changes."""
+"""Human-readable reports: a headline, one line per rule, the first changes.
+
+Every line is passed through ``printable``: keys, class names and metadata
+come from the file, and a control character in them must not reach a
+terminal or a CI log as itself.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ..check import CheckReport
-from ..convert import ConvertReport
-from ..diff import DiffReport, TensorDelta, format_number
-from ..inspect import InspectReport, LayoutNode
+from ..commands.check import CheckReport
+from ..commands.diff import DiffReport, TensorDelta, format_number
+from ..commands.inspection import InspectReport, LayoutNode
+from ..commands.normalize import NormalizeReport
+from ..escape import printable
 from ..rules import RuleResult
-from ..tensorops import human_bytes
+from ..tensors import human_bytes
 
 __all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
            "check_summary"]
@@ -19,8 +25,16 @@ SHOWN_CHANGES = 5
 DIFF_LIMIT = 20
 
 
+def joined(lines: list[str]) -> str:
+    """Lines as one text, every file-derived control character escaped."""
+    return "\n".join(printable(line) for line in lines)
+
+
 class TextFormatter:
-    def convert(self, report: ConvertReport) -> str:
+    name = "text"
+    commands = frozenset({"normalize", "diff", "inspect", "check", "manifest"})
+
+    def normalize(self, report: NormalizeReport) -> str:
         out = report.output
         src = report.source
         verified = "verified" if out.verified else "not verified (--no-verify)"
@@ -32,21 +46,25 @@ class TextFormatter:
         ]
         for result in report.rules:
             lines += _rule_lines(result)
-        return "\n".join(lines)
+        lines += [f"  note: {note}" for note in (*src.notes, *out.notes)]
+        return joined(lines)
 
     def diff(self, report: DiffReport, limit: int | None = None) -> str:
         lines = [report.summary(), *(f"  {line}" for line in diff_context(report))]
         for section in diff_sections(report):
             lines += _section_lines(section, DIFF_LIMIT if limit is None else limit)
-        return "\n".join(lines)
+        return joined(lines)
 
     def inspect(self, report: InspectReport) -> str:
-        return "\n".join(inspect_lines(report))
+        return joined(inspect_lines(report))
 
     def check(self, report: CheckReport) -> str:
         lines = [f"{f.path}: {f.code} [{f.severity}] {f.key + ': ' if f.key else ''}{f.message}"
                  for result in report.files for f in result.findings]
-        return "\n".join([*lines, check_summary(report)])
+        if report.skipped:
+            lines.append(f"not checked: {len(report.skipped)} files no checkpoint loader can "
+                         "open (--format json lists them)")
+        return joined([*lines, check_summary(report)])
 
 
 def check_summary(report: CheckReport) -> str:
@@ -74,18 +92,28 @@ def inspect_lines(report: InspectReport) -> list[str]:
         ("shared storages", [" = ".join(group) for group in report.shared_storages]),
         ("storage bloat", [f"{b.key}: storage {human_bytes(b.storage_bytes)}, tensors use "
                            f"{human_bytes(b.used_bytes)}" for b in report.storage_bloat]),
-        ("globals beyond weights-only", list(report.globals_beyond_weights_only)),
-        ("DANGEROUS globals (never run)", list(report.dangerous_globals)),
+        ("globals beyond weights-only", [_spelled(report, g)
+                                         for g in report.globals_beyond_weights_only]),
+        ("DANGEROUS globals (never run)", [_spelled(report, g)
+                                           for g in report.dangerous_globals]),
+        ("called, not provably classes", [_spelled(report, g)
+                                          for g in report.unproven_callables]),
         ("objects blocking weights-only loading",
          [f"{o.key}: {o.global_name}" for o in report.blocking_objects]),
     ]
     lines += [f"  {title}: {', '.join(items)}" for title, items in facts if items]
+    lines += [f"  note: {note}" for note in report.notes]
     if report.metadata:
         lines.append("  metadata:")
         lines += [f"    {key}: {_clip(value)}" for key, value in report.metadata.items()]
     lines.append("  layout:")
     lines += _layout_lines(report.layout, 2)
     return lines
+
+
+def _spelled(report: InspectReport, name: str) -> str:
+    raw = report.spellings.get(name)
+    return f"{name} (named {raw})" if raw else name
 
 
 def _clip(text: str, width: int = 100) -> str:
@@ -108,8 +136,8 @@ def _layout_lines(node: LayoutNode, indent: int) -> list[str]:
 
 def _rule_lines(result: RuleResult) -> list[str]:
     lines = [f"  {result.rule}: {result.summary}"]
-    lines += [f"      {c.detail}" if c.action == "renamed" else f"      {c.key}: {c.detail}"
-              for c in result.changes[:SHOWN_CHANGES]]
+    lines += [f"      {c.before} -> {c.after}" if c.action == "renamed" else
+              f"      {c.key}: {c.detail}" for c in result.changes[:SHOWN_CHANGES]]
     hidden = len(result.changes) - SHOWN_CHANGES
     if hidden > 0:
         lines.append(f"      … and {hidden} more (--format json lists all)")

@@ -1,42 +1,60 @@
 """Normalize rules: small named transforms, each returning what it changed.
 
 The order matters and is fixed: pick the weights first (so later rules see
-only what will be written), turn objects into plain data, strip wrapper
-prefixes, cast, then compact storages (which must see the final tensors).
+only what will be written), map storages to the CPU, turn objects into
+plain data, strip wrapper prefixes, cast, then compact storages (which must
+see the final tensors).
+
+To add a rule: write a module with a frozen dataclass that has a ``name``
+and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
+``build_rules`` below.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
-from .base import Change, Rule, RuleResult
+from ..tree import is_state_dict
+from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
 from .objects import ConvertObjects
-from .prefixes import StripPrefixes, strip_key
-from .select import Select, is_state_dict
+from .prefixes import AUTO, StripPrefixes, normalize_prefix, strip_key
+from .select import EMA_MODES, Select
 from .tensors import CAST_CHOICES, CastDtype, CompactTensors
 
 __all__ = [
     "NormalizeOptions",
     "Normalized",
     "normalize",
+    "apply_rules",
     "build_rules",
     "Change",
+    "NormalizeRule",
     "Rule",
     "RuleResult",
     "CAST_CHOICES",
+    "EMA_MODES",
     "strip_key",
     "is_state_dict",
 ]
 
+Rule = NormalizeRule  # the name round 1 exported
+
 
 @dataclass(frozen=True)
 class NormalizeOptions:
-    """The options ``normalize`` and ``diff`` share (see ``ckptport normalize --help``)."""
+    """The options ``normalize``, ``diff``, ``check --against`` and ``manifest`` share.
+
+    ``ema``: ``off``, ``require`` (the ``--ema`` flag: an error when the file
+    holds no EMA weights) or ``prefer``; ``True``/``False`` mean
+    ``require``/``off``. ``strip_prefixes`` may hold ``auto``; ``model``
+    means ``model.``.
+    """
 
     select: str = "auto"
-    ema: bool = False
+    ema: str | bool = "off"
     strip_prefixes: tuple[str, ...] = ()
     keep_prefixes: bool = False
     dtype: str = "keep"
@@ -44,6 +62,12 @@ class NormalizeOptions:
     def __post_init__(self) -> None:
         if self.dtype not in CAST_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(CAST_CHOICES)}, not {self.dtype!r}")
+        ema = self.ema if isinstance(self.ema, str) else ("require" if self.ema else "off")
+        if ema not in EMA_MODES:
+            raise ValueError(f"ema must be one of {', '.join(EMA_MODES)}, not {self.ema!r}")
+        object.__setattr__(self, "ema", ema)
+        object.__setattr__(self, "strip_prefixes",
+                           tuple(normalize_prefix(p) for p in self.strip_prefixes))
 
 
 @dataclass(frozen=True)
@@ -51,28 +75,48 @@ class Normalized:
     checkpoint: Checkpoint
     results: tuple[RuleResult, ...]
 
+    def result(self, rule: str) -> RuleResult | None:
+        """The result of the rule named ``rule`` (renderers find rules by name)."""
+        return next((r for r in self.results if r.rule == rule), None)
 
-def build_rules(options: NormalizeOptions, *, lazy: bool = False) -> list[Rule]:
-    """The rules in order; ``lazy`` leaves copies to the writers (``ckptport.lazy``)."""
+
+def build_rules(options: NormalizeOptions, *, lazy: bool = False,
+                require_prefix_match: bool = True) -> list[NormalizeRule]:
+    """The rules in order; ``lazy`` leaves every copy to the writers (``Pending`` leaves)."""
     return [
-        Select(options.select, options.ema),
+        Select(options.select, str(options.ema),
+               hint=not any(p in ("model.", AUTO) for p in options.strip_prefixes)),
         MapToCPU(),
         ConvertObjects(),
-        StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes),
+        StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes,
+                      require_match=require_prefix_match),
         CastDtype(options.dtype, lazy=lazy),
         CompactTensors(lazy=lazy),
     ]
 
 
-def normalize(checkpoint: Checkpoint, options: NormalizeOptions | None = None, *,
-              lazy: bool = False) -> Normalized:
+def apply_rules(checkpoint: Checkpoint, options: NormalizeOptions | None = None, *,
+                lazy: bool = False, require_prefix_match: bool = True,
+                rules: Sequence[NormalizeRule] | None = None) -> Normalized:
     """Apply every rule in order; the source checkpoint is left as it was.
 
     ``lazy=True`` (for writing) defers every copy to the writers, one tensor
-    at a time; the default gives real, compact tensors.
+    at a time; the default gives real, compact torch tensors. ``rules``
+    replaces the built-in list (``build_rules(options)`` plus a rule of your
+    own, for example); ``options`` are then unused.
     """
     results = []
-    for rule in build_rules(options or NormalizeOptions(), lazy=lazy):
+    if rules is None:
+        rules = build_rules(options or NormalizeOptions(), lazy=lazy,
+                            require_prefix_match=require_prefix_match)
+    for rule in rules:
         checkpoint, result = rule(checkpoint)
         results.append(result)
+    if not lazy:
+        from ..readers import materialize
+
+        checkpoint = materialize(checkpoint)
     return Normalized(checkpoint, tuple(results))
+
+
+normalize = apply_rules  # the library's name for the rules alone; the CLI's is normalize_file

@@ -1,7 +1,9 @@
 """What every normalize rule returns: the new checkpoint and what it changed.
 
 Reports, ``--format json`` and tests all read the same ``RuleResult``, so a
-rewrite that the report does not show cannot happen.
+rewrite that the report does not show cannot happen. A change's fields are
+typed (``before``/``after`` for renames): renderers read fields, never
+parse the words of ``detail``.
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from typing import Any, Protocol
 
 from ..checkpoint import Checkpoint
 
-__all__ = ["Change", "RuleResult", "Rule"]
+__all__ = ["Change", "RuleResult", "NormalizeRule"]
 
 
 @dataclass(frozen=True)
 class Change:
-    """One edit: where, what kind, and the before -> after in words."""
+    """One edit: where, what kind, the before -> after in words, and the two values."""
 
     key: str
     action: str
     detail: str
+    before: str | None = field(default=None, metadata={"omit_none": True})
+    after: str | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,9 @@ class RuleResult:
         return bool(self.changes)
 
 
-class Rule(Protocol):
+class NormalizeRule(Protocol):
+    """A named transform of a checkpoint that says what it changed."""
+
     @property
     def name(self) -> str: ...
 

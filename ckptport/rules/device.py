@@ -1,14 +1,20 @@
-"""Map storages to the CPU, and say which devices the file recorded.
+"""Map every storage to the CPU, and say which devices the file recorded.
 
-The mapping itself happens while reading (a GPU-saved file cannot be read
-on a CPU-only machine otherwise); this rule makes it part of the record.
+Described tensors keep the device their storage was saved on (``cuda:3``);
+this rule rewrites it to ``cpu``, one storage at a time, so what the
+writers record is what the rule did. Torch tensors on a device (API
+callers' live tensors) are copied to the CPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..checkpoint import Checkpoint
+from ..tensors import StorageInfo, TensorInfo, location
+from ..tree import is_tensor, map_tree
 from .base import Change, RuleResult
 
 __all__ = ["MapToCPU"]
@@ -19,10 +25,29 @@ class MapToCPU:
     name: str = "map-to-cpu"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
-        moved = {loc: n for loc, n in checkpoint.source.storage_locations.items() if loc != "cpu"}
+        moved: Counter[str] = Counter()
+        storages: dict[int, StorageInfo] = {}
+
+        def to_cpu(path: tuple[Any, ...], value: Any) -> Any:
+            if not is_tensor(value) or location(value) == "cpu":
+                return value
+            if isinstance(value, TensorInfo):
+                storage = storages.get(id(value.storage))
+                if storage is None:
+                    moved[value.storage.location] += 1
+                    storage = replace(value.storage, location="cpu")
+                    storages[id(value.storage)] = storage
+                return value.with_location(storage)
+            if not isinstance(value, TensorInfo) and hasattr(value, "cpu"):
+                moved[location(value)] += 1
+                return value.cpu()
+            return value
+
+        tree = map_tree(checkpoint.tree, to_cpu)
+        recorded = dict(checkpoint.source.storage_locations)
+        counts = {loc: n for loc, n in recorded.items() if loc != "cpu"} or dict(moved)
         changes = tuple(Change(loc, "mapped", f"{n} storages -> cpu")
-                        for loc, n in moved.items())
-        summary = ", ".join(f"{n} storages {loc} -> cpu" for loc, n in moved.items())
-        summary = summary or "all storages on cpu"
-        return checkpoint, RuleResult(self.name, changes, summary,
-                                      {"recorded": dict(checkpoint.source.storage_locations)})
+                        for loc, n in sorted(counts.items()))
+        summary = ", ".join(f"{n} storages {loc} -> cpu" for loc, n in sorted(counts.items()))
+        return checkpoint.with_tree(tree), RuleResult(
+            self.name, changes, summary or "all storages on cpu", {"recorded": recorded})

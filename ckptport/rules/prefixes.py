@@ -7,25 +7,38 @@ anywhere in a key; DataParallel/DDP prepend ``module.``, which is only
 stripped at the start of a key because mid-key it can be a real submodule.
 Stripping repeats until nothing changes, over any mix and order. Two keys
 that would become one are an error, never a silent overwrite.
+
+``--strip-prefix P`` adds a prefix (``model`` means ``model.``); one that
+matches no key is an error listing the prefixes that are there.
+``--strip-prefix auto`` strips the one attribute name every weight key
+shares (Lightning's ``model.``), and says so.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint import Checkpoint, KeyPath, format_path, rebuild_dict
+from ..checkpoint import Checkpoint
 from ..errors import RuleError
+from ..tree import KeyPath, format_path, is_state_dict, rebuild_dict
 from .base import Change, RuleResult
-from .select import is_state_dict
 
-__all__ = ["StripPrefixes", "strip_key", "WRAPPER_NAMES", "DATA_PARALLEL_PREFIX"]
+__all__ = ["StripPrefixes", "strip_key", "WRAPPER_NAMES", "DATA_PARALLEL_PREFIX",
+           "normalize_prefix", "common_prefixes", "AUTO"]
 
 WRAPPER_NAMES = frozenset(
     {"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"}
 )
 DATA_PARALLEL_PREFIX = "module."
+AUTO = "auto"
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``model`` and ``model.`` both mean the attribute ``model``; ``auto`` stays ``auto``."""
+    return prefix if prefix == AUTO or prefix.endswith(".") else f"{prefix}."
 
 
 def strip_key(key: str, extra: tuple[str, ...] = (), wrappers: bool = True) -> str:
@@ -47,39 +60,95 @@ def strip_key(key: str, extra: tuple[str, ...] = (), wrappers: bool = True) -> s
         key = new
 
 
+def _wrappers_in(key: str, extra: tuple[str, ...]) -> set[str]:
+    found = {f"{part}." for part in key.split(".") if part in WRAPPER_NAMES}
+    if key.startswith(DATA_PARALLEL_PREFIX):
+        found.add(DATA_PARALLEL_PREFIX)
+    found.update(prefix for prefix in extra if key.startswith(prefix) or f".{prefix}" in key)
+    return found
+
+
+def common_prefixes(keys: list[str], limit: int = 5) -> list[str]:
+    """The first key components, most common first (what a user could strip)."""
+    counts = Counter(f"{k.split('.', 1)[0]}." for k in keys if "." in k)
+    return [prefix for prefix, _ in counts.most_common(limit)]
+
+
+def _state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
+    if is_state_dict(node):
+        return [(path, node)]
+    found = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            found += _state_dicts(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _state_dicts(value, (*path, index))
+    return found
+
+
 @dataclass(frozen=True)
 class StripPrefixes:
     """Default wrapper stripping (off with ``--keep-prefixes``) plus ``--strip-prefix``."""
 
     extra: tuple[str, ...] = ()
     wrappers: bool = True
+    require_match: bool = True  # diff compares two files: a prefix may be on one side only
     name: str = "strip-prefixes"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        extra = self._prefixes(checkpoint)
         changes: list[Change] = []
-        tree = self._walk(checkpoint, checkpoint.tree, (), changes)
-        found = sorted({name for c in changes for name in _wrappers_in(c.detail, self.extra)})
+        tree = self._walk(checkpoint, checkpoint.tree, (), changes, extra)
+        found = sorted({name for c in changes for name in _wrappers_in(c.before or "", extra)})
         summary = f"renamed {len(changes)} keys" if changes else "no wrapper prefixes"
+        if AUTO in self.extra:
+            chosen = [p for p in extra if p not in self.extra]
+            summary += (f"; --strip-prefix auto stripped {', '.join(chosen)} (every weight key "
+                        "carried it)" if chosen else "; --strip-prefix auto found no prefix "
+                        "every weight key shares")
         return checkpoint.with_tree(tree), RuleResult(
-            self.name, tuple(changes), summary, {"prefixes_removed": found})
+            self.name, tuple(changes), summary,
+            {"prefixes_removed": found, "renames": {c.before: c.after for c in changes}})
+
+    def _prefixes(self, checkpoint: Checkpoint) -> tuple[str, ...]:
+        """The extra prefixes, ``auto`` resolved; each must match some key."""
+        states = _state_dicts(checkpoint.tree)
+        keys = [strip_key(k, (), self.wrappers) or k for _, s in states for k in s]
+        prefixes = [normalize_prefix(p) for p in self.extra]
+        resolved: list[str] = []
+        for prefix in prefixes:
+            if prefix == AUTO:
+                shared = {k.split(".", 1)[0] for k in keys}
+                if len(shared) == 1 and keys and all("." in k for k in keys):
+                    resolved.append(f"{shared.pop()}.")
+                continue
+            if self.require_match and keys and not any(
+                    k.startswith(prefix) or f".{prefix}" in k for k in keys):
+                raise RuleError(f"--strip-prefix {prefix}: no key starts with it (keys start "
+                                f"with {', '.join(common_prefixes(keys)) or 'no prefix'})",
+                                checkpoint.source.path)
+            resolved.append(prefix)
+        return tuple(resolved)
 
     def _walk(self, checkpoint: Checkpoint, node: Any, path: KeyPath,
-              changes: list[Change]) -> Any:
+              changes: list[Change], extra: tuple[str, ...]) -> Any:
         if is_state_dict(node):
-            return self._strip(checkpoint, node, path, changes)
+            return self._strip(checkpoint, node, path, changes, extra)
         if isinstance(node, Mapping):
-            return rebuild_dict(node, [(k, self._walk(checkpoint, v, (*path, k), changes))
+            return rebuild_dict(node, [(k, self._walk(checkpoint, v, (*path, k), changes, extra))
                                        for k, v in node.items()])
         if isinstance(node, list):
-            return [self._walk(checkpoint, v, (*path, i), changes) for i, v in enumerate(node)]
+            return [self._walk(checkpoint, v, (*path, i), changes, extra)
+                    for i, v in enumerate(node)]
         return node
 
     def _strip(self, checkpoint: Checkpoint, state: Mapping[str, Any], path: KeyPath,
-               changes: list[Change]) -> Any:
+               changes: list[Change], extra: tuple[str, ...]) -> Any:
         origin: dict[str, str] = {}
         items = []
         for key, value in state.items():
-            new = strip_key(key, self.extra, self.wrappers) or key
+            new = strip_key(key, extra, self.wrappers) or key
             if new in origin:
                 raise RuleError(
                     f"stripping prefixes would merge {origin[new]!r} and {key!r} into {new!r}"
@@ -90,27 +159,17 @@ class StripPrefixes:
             origin[new] = key
             items.append((new, value))
             if new != key:
-                changes.append(Change(new, "renamed", f"{key} -> {new}"))
+                changes.append(Change(new, "renamed", f"{key} -> {new}", key, new))
         stripped = rebuild_dict(state, items)
         versions = getattr(state, "_metadata", None)
         if versions is not None:
-            stripped._metadata = self._versions(versions)  # type: ignore[attr-defined]
+            stripped._metadata = self._versions(versions, extra)  # type: ignore[attr-defined]
         return stripped
 
-    def _versions(self, versions: Mapping[str, Any]) -> Any:
+    def _versions(self, versions: Mapping[str, Any], extra: tuple[str, ...]) -> Any:
         """Rename ``_metadata`` module paths the same way; the innermost module wins."""
         renamed = []
         for module in sorted(versions, key=len):
-            stripped = strip_key(f"{module}." if module else "", self.extra, self.wrappers)
+            stripped = strip_key(f"{module}." if module else "", extra, self.wrappers)
             renamed.append((stripped.removesuffix("."), versions[module]))
         return rebuild_dict(versions, list(dict(renamed).items()))
-
-
-def _wrappers_in(detail: str, extra: tuple[str, ...]) -> set[str]:
-    """The wrapper names and prefixes an original key carried, for the report."""
-    key = detail.split(" -> ", 1)[0]
-    found = {f"{part}." for part in key.split(".") if part in WRAPPER_NAMES}
-    if key.startswith(DATA_PARALLEL_PREFIX):
-        found.add(DATA_PARALLEL_PREFIX)
-    found.update(prefix for prefix in extra if prefix in key)
-    return found

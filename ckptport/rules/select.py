@@ -1,9 +1,12 @@
 """Select the part of a checkpoint to keep: the model weights, or everything.
 
 Training checkpoints wrap the weights in a dict with an optimizer, an epoch
-and arguments. ``auto`` looks for the names trainers use, then falls back
-to the all-tensor sub-dict holding the most bytes, and always reports what
-it picked and what else was there — never a silent guess.
+and arguments; some files are a whole pickled model, or a dict of models
+(ultralytics keeps ``model`` and ``ema``). ``auto`` looks for the names
+trainers use, then for a model recorded whole (its state dict rebuilt from
+the record, ``rules.modules``), then for the dict of tensors holding the most
+bytes anywhere in the tree, and always reports what it picked and what else
+was there — never a silent guess.
 """
 
 from __future__ import annotations
@@ -12,101 +15,154 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
+from ..checkpoint import Checkpoint
 from ..errors import SelectionError
+from ..tensors import nbytes
+from ..tree import (
+    KeyPath,
+    ObjectRecord,
+    children,
+    format_path,
+    is_state_dict,
+    is_tensor,
+    iter_nodes,
+    type_name,
+)
 from .base import Change, RuleResult
+from .modules import is_module, module_state_dict
 
-__all__ = ["Select", "KNOWN_NAMES", "is_state_dict"]
+__all__ = ["Select", "KNOWN_NAMES", "EMA_MODES", "LIGHTNING_PREFIX"]
 
 KNOWN_NAMES = ("state_dict", "model_state_dict", "model_state", "model", "module", "net")
-TIMM_EMA_NAMES = ("state_dict_ema", "model_ema")
+TIMM_EMA_NAMES = ("state_dict_ema", "model_ema", "ema")
 MMENGINE_EMA_ORIGINALS = "ema_state_dict"
+EMA_MODES = ("off", "require", "prefer")
+LIGHTNING_VERSION_KEYS = ("pytorch-lightning_version", "lightning_version")
+LIGHTNING_PREFIX = "model."
 
 
-def is_state_dict(value: Any) -> bool:
-    """A non-empty mapping of string keys whose values are tensors (or plain leaves)."""
-    if not isinstance(value, Mapping) or not value:
-        return False
-    has_tensor = False
-    for key, item in value.items():
-        if not isinstance(key, str) or isinstance(item, (Mapping, list, tuple)):
-            return False
-        has_tensor = has_tensor or is_tensor(item)
-    return has_tensor
+def _bytes(value: Mapping[str, Any]) -> int:
+    return sum(nbytes(v) for v in value.values() if is_tensor(v))
 
 
-def _tensor_bytes(value: Mapping[str, Any]) -> int:
-    return sum(v.numel() * v.element_size() for v in value.values() if is_tensor(v))
+@dataclass(frozen=True)
+class _Pick:
+    path: KeyPath
+    reason: str
+    module: str | None = None  # the recorded class whose state dict was rebuilt
 
 
 @dataclass(frozen=True)
 class Select:
-    """``--select auto|all|KEY[.KEY…]`` and ``--ema``."""
+    """``--select auto|all|KEY[.KEY…]`` and ``--ema`` (``require`` or ``prefer``)."""
 
     select: str = "auto"
-    ema: bool = False
+    ema: str = "off"
+    hint: bool = True  # suggest --strip-prefix model (not once the user passed it)
     name: str = "select"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
         tree = checkpoint.tree
         if self.select == "all":
-            return checkpoint, self._result((), "whole checkpoint (--select all)", tree)
-        if self.select == "auto":
-            path, reason = self._auto(tree, checkpoint)
-        else:
-            path, reason = _walk(tree, self.select, checkpoint), "named by --select"
-        picked = _get(tree, path)
-        return checkpoint.with_tree(picked), self._result(path, reason + _hints(tree, picked),
-                                                          tree)
+            return checkpoint, self._result(_Pick((), "whole checkpoint (--select all)"),
+                                            tree, ())
+        pick = self._auto(tree, checkpoint) if self.select == "auto" else \
+            _Pick(_walk(tree, self.select, checkpoint), "named by --select")
+        picked = _get(tree, pick.path)
+        notes: tuple[str, ...] = ()
+        if is_module(picked):
+            picked, notes = module_state_dict(picked, format_path(pick.path),
+                                              checkpoint.source.path)
+            pick = _Pick(pick.path, pick.reason, type_name(_get(tree, pick.path)))
+        reason = pick.reason + _hints(tree, picked, self.hint)
+        return checkpoint.with_tree(picked), self._result(_Pick(pick.path, reason, pick.module),
+                                                          tree, notes)
 
-    def _auto(self, tree: Any, checkpoint: Checkpoint) -> tuple[KeyPath, str]:
-        if not isinstance(tree, Mapping):
-            raise SelectionError("--select auto found no state dict: the checkpoint is a "
-                                 f"{type(tree).__name__}; use --select all", checkpoint.source.path)
-        if self.ema:
-            for name in TIMM_EMA_NAMES:
+    def _auto(self, tree: Any, checkpoint: Checkpoint) -> _Pick:
+        if self.ema != "off":
+            found = _ema(tree)
+            if found is not None:
+                return found
+            if self.ema == "require":
+                raise SelectionError(
+                    "--ema: the file holds no EMA weights (looked for "
+                    f"{', '.join(TIMM_EMA_NAMES)} and mmengine's {MMENGINE_EMA_ORIGINALS}); "
+                    f"it holds: {_listing(tree)}. Use --ema=prefer to fall back to the "
+                    "weights", checkpoint.source.path)
+        if isinstance(tree, Mapping):
+            for name in KNOWN_NAMES:
                 if is_state_dict(tree.get(name)):
-                    return (name,), f"EMA weights ({name}, timm convention; --ema)"
-            if is_state_dict(tree.get(MMENGINE_EMA_ORIGINALS)) and is_state_dict(
-                tree.get("state_dict")
-            ):
-                return ("state_dict",), ("EMA weights (mmengine convention: state_dict holds "
-                                         "the EMA, ema_state_dict the originals; --ema)")
-        for name in KNOWN_NAMES:
-            if is_state_dict(tree.get(name)):
-                note = ""
-                if name == "state_dict" and MMENGINE_EMA_ORIGINALS in tree:
-                    note = ("; mmengine convention: these are the EMA weights, the originals "
-                            "are in ema_state_dict")
-                elif any(is_state_dict(tree.get(n)) for n in TIMM_EMA_NAMES):
-                    note = "; EMA weights are also present (--ema picks them)"
-                return (name,), f"known name {name!r}{note}"
-        if is_state_dict(tree):
-            return (), "the checkpoint is a bare state dict"
-        candidates = [(p, v) for p, v in _dicts(tree) if is_state_dict(v)]
+                    return _Pick((name,), f"known name {name!r}{_ema_note(tree, name)}")
+            if is_state_dict(tree):
+                return _Pick((), "the checkpoint is a bare state dict")
+        model = _whole_model(tree)
+        if model is not None:
+            return model
+        candidates = [(p, v) for p, v in iter_nodes(tree) if is_state_dict(v)]
         if not candidates:
-            raise SelectionError("--select auto found no state dict (no dict of tensors); "
-                                 "use --select all or --select KEY", checkpoint.source.path)
-        path, _ = max(candidates, key=lambda item: _tensor_bytes(item[1]))
-        return path, "the dict of tensors holding the most bytes"
+            raise SelectionError(f"--select auto found no state dict: the checkpoint is "
+                                 f"{_a(tree)} holding no dict of tensors and no recorded "
+                                 "model; use --select all or --select KEY",
+                                 checkpoint.source.path)
+        path, _ = max(candidates, key=lambda item: _bytes(item[1]))
+        return _Pick(path, "the dict of tensors holding the most bytes")
 
-    def _result(self, path: KeyPath, reason: str, tree: Any) -> RuleResult:
-        others = [str(k) for k in tree if k != path[0]] if path else []
-        picked = format_path(path)
-        summary = f"picked {picked}: {reason}"
-        if others:
+    def _result(self, pick: _Pick, tree: Any, notes: tuple[str, ...]) -> RuleResult:
+        others = [str(k) for k, _ in (children(tree) or ()) if not pick.path or k != pick.path[0]]
+        picked = format_path(pick.path)
+        summary = f"picked {picked}"
+        if pick.module:
+            summary += f" (a whole {pick.module}: its state dict rebuilt from the record)"
+        summary += f": {pick.reason}"
+        if others and pick.path:
             summary += f"; also in the file: {', '.join(others)}"
+        summary += "".join(f"; {note}" for note in notes)
         changes = (Change(picked, "selected", f"kept {picked}, left out {len(others)} other "
-                          "entries"),) if path else ()
-        return RuleResult(self.name, changes, summary,
-                          details={"picked": picked, "reason": reason, "others": others})
+                          "entries"),) if pick.path or pick.module else ()
+        return RuleResult(self.name, changes, summary, details={
+            "picked": picked, "reason": pick.reason, "others": others if pick.path else [],
+            "module": pick.module, "notes": list(notes)})
 
 
-LIGHTNING_VERSION_KEYS = ("pytorch-lightning_version", "lightning_version")
-LIGHTNING_PREFIX = "model."
+def _ema(tree: Any) -> _Pick | None:
+    if not isinstance(tree, Mapping):
+        return None
+    for name in TIMM_EMA_NAMES:
+        if is_state_dict(tree.get(name)) or is_module(tree.get(name)):
+            return _Pick((name,), f"EMA weights ({name}, timm/ultralytics convention; --ema)")
+    if is_state_dict(tree.get(MMENGINE_EMA_ORIGINALS)) and is_state_dict(tree.get("state_dict")):
+        return _Pick(("state_dict",), "EMA weights (mmengine convention: state_dict holds the "
+                     "EMA, ema_state_dict the originals; --ema)")
+    return None
 
 
-def _hints(tree: Any, picked: Any) -> str:
+def _ema_note(tree: Mapping[str, Any], name: str) -> str:
+    if name == "state_dict" and MMENGINE_EMA_ORIGINALS in tree:
+        return ("; mmengine convention: these are the EMA weights, the originals are in "
+                "ema_state_dict")
+    if any(is_state_dict(tree.get(n)) or is_module(tree.get(n)) for n in TIMM_EMA_NAMES):
+        return "; EMA weights are also present (--ema picks them)"
+    return ""
+
+
+def _whole_model(tree: Any) -> _Pick | None:
+    """A model pickled whole: the root, or the first known name holding one."""
+    if is_module(tree):
+        return _Pick((), "the file is a whole pickled model")
+    if isinstance(tree, Mapping):
+        for name in (*KNOWN_NAMES, *(k for k in tree if isinstance(k, str))):
+            if is_module(tree.get(name)):
+                modules = [f"{k} ({type_name(v)})" for k, v in tree.items() if is_module(v)]
+                note = "; recorded models: " + ", ".join(modules) if len(modules) > 1 else ""
+                ema = any(is_module(tree.get(n)) for n in TIMM_EMA_NAMES) and \
+                    name not in TIMM_EMA_NAMES
+                return _Pick((name,), f"a whole pickled model under {name!r}{note}"
+                             + ("; EMA weights are also present (--ema picks them)"
+                                if ema else ""))
+    return None
+
+
+def _hints(tree: Any, picked: Any, suggest: bool) -> str:
     """What the report should add: the trainer that wrote the file, the usual next step."""
     if not isinstance(tree, Mapping):
         return ""
@@ -114,44 +170,54 @@ def _hints(tree: Any, picked: Any) -> str:
     if version is None:
         return ""
     hint = f"; a Lightning checkpoint (version {version})"
-    if is_state_dict(picked) and all(k.startswith(LIGHTNING_PREFIX) for k in picked):
+    if suggest and is_state_dict(picked) and all(k.startswith(LIGHTNING_PREFIX) for k in picked):
         hint += (f"; every key starts with {LIGHTNING_PREFIX!r} (the LightningModule's "
-                 f"attribute): add --strip-prefix {LIGHTNING_PREFIX} to load into the bare model")
+                 f"attribute): add --strip-prefix {LIGHTNING_PREFIX} (or --strip-prefix auto) to "
+                 "load into the bare model")
     return hint
 
 
-def _dicts(tree: Any, prefix: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
-    found = []
-    if isinstance(tree, Mapping):
-        found.append((prefix, tree))
-        for key, value in tree.items():
-            found += _dicts(value, (*prefix, key))
-    elif isinstance(tree, (list, tuple)):
-        for index, value in enumerate(tree):
-            found += _dicts(value, (*prefix, index))
-    return found
+def _a(value: Any) -> str:
+    name = type_name(value)
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
+def _listing(node: Any) -> str:
+    entries = children(node)
+    if entries is None:
+        return _a(node)
+    return ", ".join(str(k) for k, _ in entries) or "nothing"
 
 
 def _walk(tree: Any, spec: str, checkpoint: Checkpoint) -> KeyPath:
-    """Resolve ``a.b.c`` against the tree; a key may itself contain dots."""
+    """Resolve ``a.b.0`` against the tree: dict keys (which may hold dots), list
+    indexes, and the parts of recorded objects as ``inspect`` shows them."""
     path: KeyPath = ()
     node, rest = tree, spec
     while rest:
-        if not isinstance(node, Mapping):
+        entries = children(node)
+        if entries is None:
             break
-        key = rest if rest in node else rest.split(".", 1)[0]
-        if key not in node:
+        keys = {str(k): k for k, _ in entries}
+        part = rest if rest in keys else rest.split(".", 1)[0]
+        if part not in keys:
             break
-        path, node = (*path, key), node[key]
-        rest = rest[len(key) + 1:]
+        key = keys[part]
+        path = (*path, key)
+        node = dict(entries)[key] if isinstance(node, (Mapping, ObjectRecord)) or not \
+            isinstance(key, int) else node[key]
+        rest = rest[len(part) + 1:]
     else:
         return path
-    available = ", ".join(map(str, node)) if isinstance(node, Mapping) else type(node).__name__
-    raise SelectionError(f"--select {spec}: no key {rest!r} under {format_path(path)} "
-                         f"(available: {available})", checkpoint.source.path)
+    raise SelectionError(f"--select {spec}: no key {rest.split('.', 1)[0]!r} under "
+                         f"{format_path(path)} ({_a(node)}; it holds: {_listing(node)})",
+                         checkpoint.source.path)
 
 
 def _get(tree: Any, path: KeyPath) -> Any:
     for key in path:
-        tree = tree[key]
+        if isinstance(tree, ObjectRecord) or not isinstance(tree, (Mapping, list, tuple)):
+            tree = dict(children(tree) or ())[key]
+        else:
+            tree = tree[key]
     return tree

@@ -1,34 +1,36 @@
-"""Make every tensor stand alone: contiguous, its storage exactly its bytes.
+"""Make every tensor stand alone, and cast dtypes: decided here, computed when written.
 
 A saved slice of a big tensor carries the whole storage (a 4-byte bias can
 drag a 400 MB embedding along); views of one flat buffer at different
-offsets share it. Each such tensor is copied into its own compact storage,
-one at a time. Tensors that are one tensor under several names (same
-storage, offset, shape, stride) stay one tensor, so ties survive.
+offsets share it. Each such tensor becomes a ``Pending`` leaf: its own
+contiguous, compact bytes, computed when a writer needs them, one tensor at
+a time. Tensors that are one tensor under several names (same storage,
+offset, shape, stride) stay one leaf, so ties survive. ``--dtype`` casts
+floating-point tensors the same way (``Pending`` with the target dtype).
 
-``--dtype`` casts floating-point tensors here too, with the same care for
-ties.
-
-With ``lazy`` (the streaming pipeline of ``convert``) neither rule copies:
-compaction is left to the writers, which write each tensor's own bytes one
-tensor at a time, and a cast becomes a deferred tensor (``ckptport.lazy``)
-computed just before it is written. The report is the same either way.
+Without ``lazy`` (the Python API's ``normalize``) the pending leaves are
+computed at once into real, compact torch tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from ..checkpoint import Checkpoint, format_path, is_tensor, map_tree
-from ..lazy import deferred
-from ..tensorops import human_bytes, is_compact, view_key
+from ..checkpoint import Checkpoint
+from ..dtypes import DTYPES, dtype_of
+from ..tensors import Pending, human_bytes, is_compact, nbytes, to_torch, view_key
+from ..tree import format_path, is_tensor, map_tree
 from .base import Change, RuleResult
 
 __all__ = ["CompactTensors", "CastDtype", "CAST_CHOICES"]
 
 CAST_CHOICES = ("keep", "float32", "float16", "bfloat16")
+
+
+def _pending(source: Any, target: Any, lazy: bool) -> Any:
+    leaf = Pending(source, target)
+    return leaf if lazy else to_torch(leaf)
 
 
 @dataclass(frozen=True)
@@ -41,17 +43,16 @@ class CompactTensors:
         done: dict[Any, Any] = {}
 
         def compact(path: tuple[Any, ...], value: Any) -> Any:
-            if not is_tensor(value):
+            if not is_tensor(value) or isinstance(value, Pending):
                 return value
             key = view_key(value)
-            if key is not None and key in done:
+            if key in done:
                 return done[key]
             result = value
             if not is_compact(value):
-                result = value if self.lazy else value.contiguous().clone()
+                result = _pending(value, dtype_of(value), self.lazy)
                 changes.append(Change(format_path(path), "compacted", _why(value)))
-            if key is not None:
-                done[key] = result
+            done[key] = result
             return result
 
         tree = map_tree(checkpoint.tree, compact)
@@ -61,7 +62,7 @@ class CompactTensors:
 
 def _why(tensor: Any) -> str:
     storage = tensor.untyped_storage().nbytes()
-    own = tensor.numel() * tensor.element_size()
+    own = nbytes(tensor)
     if not tensor.is_contiguous():
         return f"non-contiguous (stride {tuple(tensor.stride())}) -> contiguous, {human_bytes(own)}"
     return f"storage {human_bytes(storage)} -> {human_bytes(own)}"
@@ -76,25 +77,22 @@ class CastDtype:
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
         if self.dtype == "keep":
             return checkpoint, RuleResult(self.name, summary="dtypes kept")
-        import torch
-
-        target = getattr(torch, self.dtype)
+        target = DTYPES[self.dtype]
         changes: list[Change] = []
         done: dict[Any, Any] = {}
 
         def cast(path: tuple[Any, ...], value: Any) -> Any:
-            if not is_tensor(value) or not value.is_floating_point() or value.dtype == target:
+            if not is_tensor(value):
+                return value
+            source = dtype_of(value)
+            if not source.is_floating_point or source == target:
                 return value
             key = view_key(value)
-            if key is not None and key in done:
+            if key in done:
                 return done[key]
-            if self.lazy:
-                result = deferred(value.shape, target, partial(value.to, target))
-            else:
-                result = value.to(target)
-            changes.append(Change(format_path(path), "cast", f"{value.dtype} -> {target}"))
-            if key is not None:
-                done[key] = result
+            result = _pending(value, target, self.lazy)
+            changes.append(Change(format_path(path), "cast", f"{source} -> {target}"))
+            done[key] = result
             return result
 
         tree = map_tree(checkpoint.tree, cast)

@@ -1,21 +1,16 @@
 """Write torch ``.pth`` files that load anywhere with ``weights_only=True``, streaming.
 
-The zip is written with torch's own archive writer, record by record, in
-the layout ``torch.save`` produces (``data.pkl``, ``.format_version``,
-``.storage_alignment``, ``byteorder``, ``data/N``): the pickle is made
-first, with every tensor referring to a storage record by key, then each
-record's bytes are produced and written one tensor at a time, so a cast or
-a compaction never holds more than one tensor in memory, and a tensor that
-is already its own compact storage (memory-mapped from the source) is
-written without any copy.
-
-Every tensor gets a record holding exactly its bytes (a saved slice does
-not drag its whole storage along); tensors that are one view of one storage
-(tied weights) share a record. The storage location recorded is ``cpu`` or
-``--anchor cuda:N`` (no GPU needed). The inner folder is always
-``archive/`` and nothing depends on object identity or time, so the same
-tree gives the same bytes. Tensors of other kinds (sparse, quantized,
-subclasses) go through torch's own pickling of their storages.
+The pickle is made first (protocol 2, what ``torch.save`` writes), with every
+tensor referring to a storage record by key; then each record's bytes are
+produced and streamed into the archive (``torchzip``) one tensor at a time,
+piece by piece, so no tensor is ever held whole unless a cast must compute
+it. Every tensor gets a record holding exactly its own bytes (a saved slice
+does not drag its whole storage along); tensors that are one view of one
+storage (tied weights) share a record. The storage location recorded is
+``cpu`` or ``--anchor cuda:N`` (no GPU needed). Nothing depends on object
+identity or time, so the same tree gives the same bytes. Sparse and
+quantized torch tensors (read with ``--trust``) go through torch's own
+pickling of their storages.
 """
 
 from __future__ import annotations
@@ -24,39 +19,23 @@ import io
 import pickle
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..checkpoint import rebuild_dict
-from ..lazy import materialize
-from ..tensorops import is_compact, view_key
+from ..dtypes import dtype_of
+from ..tensors import chunks, contiguous_strides, nbytes, view_key
+from ..tree import is_tensor, rebuild_dict
+from ..treejson import sorted_items
+from .torchzip import ZipWriter
 
-__all__ = ["write_pth", "canonical"]
+if TYPE_CHECKING:
+    from . import WriteOptions
+
+__all__ = ["PthFile", "write_pth", "canonical", "PICKLE_PROTOCOL"]
 
 PICKLE_PROTOCOL = 2  # what torch.save writes and torch.load(weights_only=True) reads
-
-
-class _Sink:
-    """The file torch's zip writer writes into.
-
-    torch turns an ``OSError`` from ``write`` (disk full) into an opaque
-    ``RuntimeError``; the sink keeps the real cause to re-raise.
-    """
-
-    def __init__(self, file: BinaryIO) -> None:
-        self._file = file
-        self.error: OSError | None = None
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._file.write(data)
-        except OSError as exc:
-            self.error = exc
-            raise
-
-    def flush(self) -> None:
-        self._file.flush()
 
 
 class _StorageRef:
@@ -68,7 +47,7 @@ class _StorageRef:
         self.key, self.storage_type, self.numel = key, storage_type, numel
 
 
-Produce = Callable[[], Any]  # returns the UntypedStorage whose bytes are the record
+Produce = Callable[[], Iterator[bytes | memoryview]]
 
 
 class _Pickler(pickle.Pickler):
@@ -80,31 +59,35 @@ class _Pickler(pickle.Pickler):
         self.records: dict[str, tuple[Produce, int]] = {}
         self._keys: dict[Any, str] = {}
 
-    def _key(self, identity: Any, produce: Produce, nbytes: int) -> str:
-        if identity is not None and identity in self._keys:
+    def _key(self, identity: Any, produce: Produce, size: int) -> str:
+        if identity in self._keys:
             return self._keys[identity]
         key = str(len(self.records))
-        self.records[key] = (produce, nbytes)
-        if identity is not None:
-            self._keys[identity] = key
+        self.records[key] = (produce, size)
+        self._keys[identity] = key
         return key
 
     def reducer_override(self, obj: Any) -> Any:
         import torch
 
-        if type(obj) is not torch.Tensor or obj.layout != torch.strided or obj.is_quantized:
-            return NotImplemented  # Parameters reduce to their plain data; exotic kinds to torch
-        nbytes = obj.numel() * obj.element_size()
-        key = self._key(view_key(obj), partial(_own_storage, obj), nbytes)
+        if not is_tensor(obj):
+            return NotImplemented
+        if isinstance(obj, torch.Tensor) and (obj.layout != torch.strided or obj.is_quantized
+                                              or type(obj) not in (torch.Tensor,
+                                                                   torch.nn.Parameter)):
+            return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
+        dtype = dtype_of(obj).to_torch()
+        size = nbytes(obj)
+        key = self._key(view_key(obj), partial(chunks, obj), size)
         shape = tuple(obj.shape)
-        stride = _contiguous_stride(shape)
+        stride = contiguous_strides(shape)
         hooks: OrderedDict[Any, Any] = OrderedDict()
-        if obj.dtype in torch.storage._new_dtypes():
-            ref = _StorageRef(key, torch.UntypedStorage, nbytes)
+        if dtype in torch.storage._new_dtypes():
+            ref = _StorageRef(key, torch.UntypedStorage, size)
             return (torch._utils._rebuild_tensor_v3, (ref, 0, shape, stride, False, hooks,
-                                                       obj.dtype))
-        storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[obj.dtype])
-        ref = _StorageRef(key, storage_type, obj.numel())
+                                                       dtype))
+        storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[dtype])
+        ref = _StorageRef(key, storage_type, size // max(dtype.itemsize, 1))
         return (torch._utils._rebuild_tensor_v2, (ref, 0, shape, stride, False, hooks))
 
     def persistent_id(self, obj: Any) -> Any:
@@ -114,35 +97,21 @@ class _Pickler(pickle.Pickler):
             return ("storage", obj.storage_type, obj.key, self.location, obj.numel)
         if isinstance(obj, torch.storage.TypedStorage):  # tensors torch reduces itself
             storage = obj._untyped_storage
-            key = self._key(storage._cdata, partial(_given, storage), storage.nbytes())
+            key = self._key(storage._cdata, partial(_storage_bytes, storage), storage.nbytes())
             return ("storage", getattr(torch, obj._pickle_storage_type()), key, self.location,
                     obj._size())
         if isinstance(obj, torch.UntypedStorage):
-            key = self._key(obj._cdata, partial(_given, obj), obj.nbytes())
+            key = self._key(obj._cdata, partial(_storage_bytes, obj), obj.nbytes())
             return ("storage", torch.UntypedStorage, key, self.location, obj.nbytes())
         return None
 
 
-def _own_storage(tensor: Any) -> Any:
-    """A storage holding exactly ``tensor``'s bytes; no copy when it already is one."""
+def _storage_bytes(storage: Any) -> Iterator[bytes | memoryview]:
     import torch
 
-    real = materialize(tensor)
-    if not is_compact(real):
-        real = real.clone(memory_format=torch.contiguous_format)
-    return real.untyped_storage()
-
-
-def _given(storage: Any) -> Any:
-    return storage
-
-
-def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
+    if storage.nbytes():
+        data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        yield memoryview(data).cast("B")  # type: ignore[arg-type]
 
 
 def canonical(value: Any) -> Any:
@@ -165,31 +134,50 @@ def canonical(value: Any) -> Any:
         return [canonical(v) for v in value]
     if type(value) is tuple:
         return tuple(canonical(v) for v in value)
+    if type(value) is set:
+        return _SortedSet(canonical(v) for v in sorted_items(value))
     return value
+
+
+class _SortedSet(set):  # type: ignore[type-arg]
+    """A set that pickles its items sorted: the same set gives the same bytes in any process."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (set, (sorted_items(self),))
+
+
+class PthFile:
+    """A torch zip checkpoint; verified by ``torch.load(weights_only=True)``."""
+
+    def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
+              advance: Callable[[int], None]) -> None:
+        write_pth(tree, file, options.anchor, advance)
+
+    def verify(self, path: Path, tree: Any, written: None, options: WriteOptions,
+               advance: Callable[[int], None]) -> None:
+        from .verify import verify_pth
+
+        verify_pth(path, tree, options.anchor, advance)
 
 
 def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None]) -> None:
     """Write ``tree`` as a torch zip checkpoint, one storage record at a time."""
-    import torch
-
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, anchor)
     pickler.dump(canonical(tree))
-    data = buffer.getvalue()
-    sink = _Sink(file)
-    try:
-        with torch.serialization._open_zipfile_writer(sink) as archive:  # type: ignore[arg-type]
-            archive.write_record("data.pkl", data, len(data))
-            archive.write_record(".format_version", "1", 1)
-            alignment = getattr(torch.serialization, "_get_storage_alignment", None)
-            if alignment is not None:
-                text = str(alignment())
-                archive.write_record(".storage_alignment", text, len(text))
-            archive.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-            for key, (produce, nbytes) in pickler.records.items():
-                archive.write_record(f"data/{key}", produce(), nbytes)
-                advance(nbytes)
-    except RuntimeError:
-        if sink.error is not None:
-            raise sink.error from None
-        raise
+    archive = ZipWriter(file)
+    archive.record("data.pkl", [buffer.getvalue()])
+    archive.record(".format_version", [b"1"])
+    archive.record(".storage_alignment", [b"64"])
+    archive.record("byteorder", [sys.byteorder.encode()])
+    for key, (produce, _) in pickler.records.items():
+        archive.record(f"data/{key}", _counted(produce(), advance))
+    archive.record("version", [b"3\n"])
+    archive.close()
+
+
+def _counted(pieces: Iterator[bytes | memoryview], advance: Callable[[int], None]
+             ) -> Iterator[bytes | memoryview]:
+    for piece in pieces:
+        yield piece
+        advance(len(piece))

@@ -3,10 +3,11 @@
 The header is written by ckptport (sorted keys, padded to 8 bytes) because
 ``safetensors.save_file`` orders metadata differently per process. Tensors
 are laid out largest element size first, then by name, as the safetensors
-library does, so every tensor is aligned in the file for zero-copy reads.
-Tied tensors are stored once; their other names go in ``ckptport.aliases``,
-and the whole tree (non-tensor leaves of ``--select all``, key order,
-state-dict ``_metadata``) in ``ckptport.tree``.
+library does, so every tensor is aligned in the file for zero-copy reads;
+each tensor's bytes are streamed in pieces. Tied tensors are stored once;
+their other names go in ``ckptport.aliases``, and the whole tree
+(non-tensor leaves of ``--select all``, key order, state-dict ``_metadata``)
+in ``ckptport.tree``.
 """
 
 from __future__ import annotations
@@ -15,20 +16,22 @@ import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Union
 
 from .. import treejson
 from .._version import __version__
-from ..checkpoint import KeyPath, format_path, iter_tensors
-from ..dtypes import dtype_code
+from ..containers.safetensors import METADATA_KEY, Entry, encode_header
+from ..dtypes import dtype_of
 from ..errors import OutputError
-from ..lazy import materialize
-from ..readers.safetensors import ALIASES_KEY, TREE_KEY
-from ..safetensors_layout import ITEMSIZE, Entry, encode_header
-from ..tensorops import as_bytes, view_key
+from ..tensors import chunks, nbytes, view_key
+from ..tree import KEY_ALIASES, KEY_TREE, KEY_VERSION, KeyPath, format_path, iter_tensors
 
-__all__ = ["Pending", "MetadataValue", "SafetensorsPlan", "plan_safetensors",
-           "write_safetensors"]
+if TYPE_CHECKING:
+    from . import WriteOptions
+
+__all__ = ["Pending", "MetadataValue", "SafetensorsFile", "SafetensorsPlan",
+           "plan_safetensors", "write_safetensors"]
 
 
 @dataclass(frozen=True)
@@ -74,50 +77,67 @@ class SafetensorsPlan:
         return header
 
 
+class SafetensorsFile:
+    """A ``.safetensors`` file; verified by the safetensors library and an independent read."""
+
+    def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
+              advance: Callable[[int], None]) -> SafetensorsPlan:
+        plan = plan_safetensors(tree, options.metadata, dst)
+        write_safetensors(plan, file, advance)
+        return plan
+
+    def verify(self, path: Path, tree: Any, written: SafetensorsPlan, options: WriteOptions,
+               advance: Callable[[int], None]) -> None:
+        from .verify import verify_safetensors
+
+        verify_safetensors(path, written, tree, advance)
+
+
 def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
                      dst: Any) -> SafetensorsPlan:
     canonical: dict[Any, str] = {}
-    names: dict[int, str] = {}
+    names: dict[KeyPath, str] = {}
     tensors: dict[str, Any] = {}
     aliases: dict[str, list[str]] = {}
+    taken: set[str] = set()
     for path, tensor in iter_tensors(tree):
         name = format_path(path)
-        if name in tensors or any(name in a for a in aliases.values()):
+        if name in taken:
             raise OutputError(f"two tensors would both be named {name!r} in safetensors; "
                               "write .pth instead", dst)
-        if dtype_code(tensor.dtype) is None:
-            raise OutputError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors "
-                              "cannot store; write .pth or cast with --dtype", dst)
+        if name == METADATA_KEY:
+            raise OutputError(f"a tensor is named {METADATA_KEY!r}, the name safetensors keeps "
+                              "for its metadata; write .pth instead", dst)
+        taken.add(name)
+        if dtype_of(tensor).safetensors is None:
+            raise OutputError(f"tensor {name!r} has dtype {dtype_of(tensor)}, which "
+                              "safetensors cannot store; write .pth or cast with --dtype", dst)
         key = view_key(tensor)
-        if key is not None and key in canonical:
+        if key in canonical:
             aliases.setdefault(canonical[key], []).append(name)
         else:
             tensors[name] = tensor
-            if key is not None:
-                canonical[key] = name
-        names[id(tensor)] = canonical.get(key, name) if key is not None else name
+            canonical[key] = name
+        names[path] = canonical[key]
 
     def tensor_name(path: KeyPath, tensor: Any) -> str:
-        return names[id(tensor)]
+        return names[path]
 
-    entries = _layout(tensors)
-    meta = {"format": "pt", "ckptport.version": __version__, **metadata,
-            TREE_KEY: treejson.encode(tree, tensor_name)}
+    meta = {"format": "pt", KEY_VERSION: __version__, **metadata,
+            KEY_TREE: treejson.encode(tree, tensor_name)}
     if aliases:
-        meta[ALIASES_KEY] = json.dumps(dict(sorted(aliases.items())),
-                                       separators=(",", ":"))
-    return SafetensorsPlan(tensors, entries, {k: tuple(v) for k, v in aliases.items()}, meta)
+        meta[KEY_ALIASES] = json.dumps(dict(sorted(aliases.items())), separators=(",", ":"))
+    return SafetensorsPlan(tensors, _layout(tensors), {k: tuple(v) for k, v in aliases.items()},
+                           meta)
 
 
 def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
-    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    order = sorted(tensors, key=lambda n: (-dtype_of(tensors[n]).itemsize, n))
     entries, offset = {}, 0
     for name in order:
         tensor = tensors[name]
-        code = dtype_code(tensor.dtype)
-        assert code is not None and ITEMSIZE[code] == tensor.element_size()
-        size = tensor.numel() * tensor.element_size()
-        entries[name] = Entry(code, tuple(tensor.shape), offset, offset + size)
+        size = nbytes(tensor)
+        entries[name] = Entry(dtype_of(tensor), tuple(tensor.shape), offset, offset + size)
         offset += size
     return entries
 
@@ -126,11 +146,9 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO,
                       advance: Callable[[int], None]) -> None:
     file.write(plan.header)
     for name in plan.entries:
-        tensor = materialize(plan.tensors[name]).contiguous()  # one tensor at a time
-        if tensor.numel():
-            file.write(as_bytes(tensor).numpy().data)  # a view of the bytes, no copy
-        advance(tensor.numel() * tensor.element_size())
-        del tensor  # released before the next one is made
+        for piece in chunks(plan.tensors[name]):  # one tensor at a time, piece by piece
+            file.write(piece)
+            advance(len(piece))
     if any(isinstance(v, Pending) for v in plan.metadata.values()):
         file.seek(0)
         file.write(plan.final_header())

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import OutputError
 from .diff import DiffReport
-from .errors import OutputError
 
 __all__ = ["DriftSeries", "drift_series", "plot_drift"]
 
@@ -43,7 +43,7 @@ def plot_drift(report: DiffReport, path: str | os.PathLike[str]) -> DriftSeries:
         from matplotlib import pyplot as plt
     except ImportError:
         raise OutputError("--plot needs matplotlib: pip install 'ckptport[plot]'", path) from None
-    from .writers.atomic import atomic_file
+    from ..writers.staging import staged_file
 
     series = drift_series(report)
     finite = [v for v in series.max_rel if 0 < v < math.inf]
@@ -67,7 +67,7 @@ def plot_drift(report: DiffReport, path: str | os.PathLike[str]) -> DriftSeries:
     figure.tight_layout()
     target = Path(path)
     try:
-        with atomic_file(target, overwrite=True) as out:
+        with staged_file(target, overwrite=True) as out:
             figure.savefig(out.file, format="png")
             out.sync()
             out.publish()

@@ -2,10 +2,13 @@
 
 Both sides go through the same normalize rules (so a DDP ``.pth`` recorded on
 ``cuda:3`` compares equal to its clean ``.safetensors`` twin), then every
-leaf is matched by its path. Tensors are compared chunk by chunk straight
-from the lazy, file-backed tensors the readers hand out, and the pages of a
-chunk are handed back to the kernel once it is compared, so memory stays
-near one chunk pair whatever the size of the files.
+leaf is matched by its path. Tensors are compared window by window, read by
+position from the files (``tensors.chunks``): identical windows cost one
+word-wise comparison, so memory stays near one window pair whatever the size
+of the files, and torch is imported only to compute the values of windows
+that differ in dtypes numpy cannot hold (bfloat16, float8). A name that only
+one side holds but that is tied to a name both hold (the hub leaves tied
+names out of its files) is listed, not counted as a difference.
 
 Value semantics (documented in the README and ``ckptport diff --help``):
 
@@ -21,22 +24,20 @@ Value semantics (documented in the README and ``ckptport diff --help``):
 
 from __future__ import annotations
 
-import ctypes
+import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .checkpoint import Checkpoint, KeyPath, format_path, is_tensor
-from .compare import _leaf_equal
-from .progress import Advance, Progress, no_progress
-from .readers import read
-from .rules import NormalizeOptions, normalize
-from .tensorops import as_bytes
-
-if TYPE_CHECKING:
-    import torch
+from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
+from ..compare import leaf_equal
+from ..dtypes import DType, dtype_of
+from ..progress import Advance, Progress, no_progress
+from ..readers import open_checkpoint
+from ..rules import NormalizeOptions, apply_rules
+from ..tensors import chunks, view_key
+from ..tree import children
 
 __all__ = [
     "DiffReport",
@@ -146,6 +147,8 @@ class DiffReport:
     within_tolerance: tuple[TensorDelta, ...] = ()
     leaf_mismatches: tuple[LeafMismatch, ...] = ()
     compared: tuple[str, ...] = ()  # keys compared by value, in model order
+    tied_only_in_a: tuple[str, ...] = ()  # names tied to a compared name; not differences
+    tied_only_in_b: tuple[str, ...] = ()
     tensors_differing: int = field(init=False)
     largest: TensorDelta | None = field(init=False)
     equal: bool = field(init=False)
@@ -172,6 +175,10 @@ class DiffReport:
                  for side, keys in (("A", self.only_in_a), ("B", self.only_in_b)) if keys]
         if self.leaf_mismatches:
             extra.append(f"{len(self.leaf_mismatches)} non-tensor values differ")
+        tied = len(self.tied_only_in_a) + len(self.tied_only_in_b)
+        if tied:
+            extra.append(f"{tied} tied names on one side only (the same tensor as a compared "
+                         "name)")
         return "; ".join([line, *extra])
 
 
@@ -189,22 +196,24 @@ def diff(
     cast: bool = False,
     options: NormalizeOptions | None = None,
     raw: bool = False,
+    trust: bool = False,
     progress: Progress = no_progress,
 ) -> DiffReport:
     """Compare ``a`` and ``b`` (paths or Checkpoints) after normalizing both alike.
 
     ``raw=True`` compares the trees as stored. Unreadable input raises a
-    ``CkptportError`` naming the file.
+    ``CkptportError`` naming the file; ``trust`` unpickles both with full
+    Python (TorchScript, files the user vouches for).
     """
     if raw and options is not None:
         raise ValueError("raw=True compares as stored; it takes no normalize options")
     tolerance = Tolerance(atol, rtol, cast)
-    side_a, leaves_a, release_a = _prepare(a, options, raw)
-    side_b, leaves_b, release_b = _prepare(b, options, raw)
+    side_a, leaves_a = _prepare(a, options, raw, trust, progress)
+    side_b, leaves_b = _prepare(b, options, raw, trust, progress)
     shapes: list[ShapeMismatch] = []
     dtypes: list[DtypeMismatch] = []
     leaves: list[LeafMismatch] = []
-    pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # to compare by value
+    pairs: list[tuple[str, Any, Any]] = []  # to compare by value
     tensors_compared = 0
     for path, value_a in leaves_a.items():
         if path not in leaves_b:
@@ -215,60 +224,69 @@ def diff(
                 leaves.append(LeafMismatch(key, _describe(value_a), _describe(value_b)))
             continue
         tensors_compared += 1
-        if value_a.shape != value_b.shape:
+        if tuple(value_a.shape) != tuple(value_b.shape):
             shapes.append(ShapeMismatch(key, tuple(value_a.shape), tuple(value_b.shape),
                                         _dtype(value_a), _dtype(value_b)))
             continue
-        if value_a.dtype != value_b.dtype:
+        if dtype_of(value_a) != dtype_of(value_b):
             dtypes.append(DtypeMismatch(key, tuple(value_a.shape), _dtype(value_a),
                                         _dtype(value_b)))
-        if value_a.dtype == value_b.dtype or cast:
+        if dtype_of(value_a) == dtype_of(value_b) or cast:
             pairs.append((key, value_a, value_b))
-    releaser = _PageReleaser(release_a + release_b)
-    advance = progress("diff", sum(_nbytes(a) for _, a, _ in pairs))
-    deltas = [d for d in (_compare_tensor(*pair, tolerance, releaser, advance) for pair in pairs)
+    advance = progress("diff", sum(_nbytes(x) for _, x, _ in pairs))
+    deltas = [d for d in (_compare_tensor(*pair, tolerance, advance) for pair in pairs)
               if d is not None]
+    only_a, tied_a = _one_side(leaves_a, leaves_b)
+    only_b, tied_b = _one_side(leaves_b, leaves_a)
     return DiffReport(
         a=side_a, b=side_b, tolerance=tolerance, raw=raw, tensors_compared=tensors_compared,
-        only_in_a=tuple(format_path(p) for p in leaves_a if p not in leaves_b),
-        only_in_b=tuple(format_path(p) for p in leaves_b if p not in leaves_a),
+        only_in_a=only_a, only_in_b=only_b,
         shape_mismatches=tuple(shapes), dtype_mismatches=tuple(dtypes),
         value_mismatches=tuple(d for d in deltas if d.differing),
         within_tolerance=tuple(d for d in deltas if not d.differing),
         leaf_mismatches=tuple(leaves), compared=tuple(key for key, _, _ in pairs),
+        tied_only_in_a=tied_a, tied_only_in_b=tied_b,
     )
 
 
-def _prepare(
-    source: str | os.PathLike[str] | Checkpoint, options: NormalizeOptions | None, raw: bool
-) -> tuple[Side, dict[KeyPath, Any], list[Path]]:
-    """Read (if a path), normalize (unless raw) and flatten one side.
+def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]
+              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Paths only in ``mine``: (differences, names tied to a tensor both sides hold)."""
+    shared = {view_key(v) for p, v in mine.items() if p in theirs and is_tensor(v)}
+    only, tied = [], []
+    for path, value in mine.items():
+        if path in theirs:
+            continue
+        if is_tensor(value) and view_key(value) in shared:
+            tied.append(format_path(path))
+        else:
+            only.append(format_path(path))
+    return tuple(only), tuple(tied)
 
-    Returns the files whose mapped pages the diff may drop after use: only
-    files it opened itself, whose tensors no one else can have written to.
-    """
-    checkpoint = source if isinstance(source, Checkpoint) else read(source)
-    opened = [] if isinstance(source, Checkpoint) else [checkpoint.source.path]
+
+def _prepare(source: str | os.PathLike[str] | Checkpoint, options: NormalizeOptions | None,
+             raw: bool, trust: bool, progress: Progress) -> tuple[Side, dict[KeyPath, Any]]:
+    """Read (if a path), normalize (unless raw) and flatten one side."""
+    checkpoint = source if isinstance(source, Checkpoint) else \
+        open_checkpoint(source, trust=trust)
     notes: tuple[str, ...] = ()
     if not raw:
-        normalized = normalize(checkpoint, options)
+        normalized = apply_rules(checkpoint, options, lazy=True, require_prefix_match=False)
         checkpoint = normalized.checkpoint
         notes = tuple(f"{r.rule}: {r.summary}" for r in normalized.results
                       if r.changed or r.rule == "select")
     leaves = dict(_leaves(checkpoint.tree))
     side = Side(str(checkpoint.source.path), checkpoint.source.format.value,
                 sum(1 for v in leaves.values() if is_tensor(v)), notes)
-    return side, leaves, opened
+    return side, leaves
 
 
 def _leaves(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
     """Every leaf (tensor or plain value) with its path; empty containers are leaves."""
-    if isinstance(tree, Mapping) and tree:
-        for key, value in tree.items():
+    entries = None if is_tensor(tree) else children(tree)
+    if entries:
+        for key, value in entries:
             yield from _leaves(value, (*prefix, key))
-    elif isinstance(tree, (list, tuple)) and tree:
-        for index, value in enumerate(tree):
-            yield from _leaves(value, (*prefix, index))
     else:
         yield prefix, tree
 
@@ -277,111 +295,140 @@ def _same_leaf(a: Any, b: Any) -> bool:
     """Plain values by type and value (NaN equals NaN); any two empty dicts are equal."""
     if is_tensor(a) or is_tensor(b):
         return False
-    return (isinstance(a, Mapping) and isinstance(b, Mapping)) or _leaf_equal(a, b)
+    return (isinstance(a, dict) and isinstance(b, dict)) or leaf_equal(a, b)
 
 
 def _describe(value: Any) -> str:
     if is_tensor(value):
         return f"tensor {_dtype(value)}{list(value.shape)}"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _dtype(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
+def _dtype(tensor: Any) -> str:
+    return dtype_of(tensor).name
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _nbytes(tensor: Any) -> int:
+    return math.prod(tensor.shape) * dtype_of(tensor).itemsize
 
 
 @dataclass
 class _Worst:
-    """Running statistics of one tensor pair, merged chunk by chunk."""
+    """Running statistics of one tensor pair, merged window by window."""
 
     differing: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
     flat_index: int = 0
+    a: Any = None
+    b: Any = None
 
 
-def _compare_tensor(key: str, a: torch.Tensor, b: torch.Tensor, tolerance: Tolerance,
-                    releaser: _PageReleaser, advance: Advance) -> TensorDelta | None:
+def _windows(pieces: Iterable[bytes | memoryview], size: int) -> Iterator[bytes | memoryview]:
+    """The stream re-cut into windows of exactly ``size`` bytes (the last may be shorter)."""
+    held = bytearray()
+    for piece in pieces:
+        if not held and len(piece) == size:
+            yield piece
+            continue
+        held += piece
+        while len(held) >= size:
+            yield bytes(held[:size])
+            del held[:size]
+    if held:
+        yield bytes(held)
+
+
+def _compare_tensor(key: str, a: Any, b: Any, tolerance: Tolerance,
+                    advance: Advance) -> TensorDelta | None:
     """Stats of ``a`` vs ``b`` (same shape), or None when every value is equal."""
-    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
+    type_a, type_b = dtype_of(a), dtype_of(b)
     worst = _Worst()
-    for start in range(0, flat_a.numel(), CHUNK_ELEMENTS):
-        chunk_a = flat_a[start:start + CHUNK_ELEMENTS]
-        chunk_b = flat_b[start:start + CHUNK_ELEMENTS]
-        _compare_chunk(chunk_a, chunk_b, start, tolerance, worst)
-        releaser(chunk_a)
-        releaser(chunk_b)
-        advance(_nbytes(chunk_a))
+    start = 0
+    size_a, size_b = CHUNK_ELEMENTS * type_a.itemsize, CHUNK_ELEMENTS * type_b.itemsize
+    windows_b = _windows(chunks(b, size_b), size_b)  # read in windows: nothing re-cut
+    for window_a in _windows(chunks(a, size_a), size_a):
+        window_b = next(windows_b)
+        count = len(window_a) // type_a.itemsize
+        if type_a != type_b or not _same_words(window_a, window_b):
+            _compare_window(window_a, window_b, type_a, type_b, start, tolerance, worst)
+        start += count
+        advance(len(window_a))
     if worst.max_abs == 0 and not worst.differing:
         return None
     index = _unravel(worst.flat_index, tuple(a.shape))
-    return TensorDelta(key, tuple(a.shape), _dtype(a), _dtype(b), a.numel(), worst.differing,
-                       worst.max_abs, worst.max_rel, index, _item(flat_a[worst.flat_index]),
-                       _item(flat_b[worst.flat_index]))
+    return TensorDelta(key, tuple(a.shape), type_a.name, type_b.name, math.prod(a.shape),
+                       worst.differing, worst.max_abs, worst.max_rel, index, worst.a, worst.b)
 
 
-def _compare_chunk(a: torch.Tensor, b: torch.Tensor, offset: int, tolerance: Tolerance,
-                   worst: _Worst) -> None:
-    """Fold one chunk pair into ``worst``; identical chunks cost one word compare."""
-    import torch
+def _same_words(a: bytes | memoryview, b: bytes | memoryview) -> bool:
+    """Whether two windows hold the same bytes, compared as the widest words that fit.
 
-    if a.dtype == b.dtype and _same_words(a, b):
-        return
-    work = _work_dtype(a.dtype, b.dtype)
-    x, y = a.to(work), b.to(work)
-    same = x == y
-    if work.is_floating_point or work.is_complex:
-        same |= x.isnan() & y.isnan()
-    if bool(same.all()):  # -0.0 vs 0.0, NaN payloads: equal by value
-        return
-    if not (work.is_floating_point or work.is_complex):  # int64 differences can overflow
-        x, y = x.to(torch.float64), y.to(torch.float64)
-    magnitude = x.abs()
-    delta = torch.where(same, 0.0, (x - y).abs()).nan_to_num(nan=float("inf"))
-    relative = torch.where(delta == 0, 0.0, delta / magnitude).nan_to_num(nan=float("inf"))
-    inside = same | (delta <= tolerance.atol + tolerance.rtol * magnitude)
-    worst.differing += int((~inside).sum())
-    local = int(delta.argmax())
-    if float(delta[local]) > worst.max_abs:
-        worst.max_abs, worst.flat_index = float(delta[local]), offset + local
-    worst.max_rel = max(worst.max_rel, float(relative.max()))
-
-
-def _same_words(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two chunks hold the same bytes, compared as the widest words that fit.
-
-    numpy rather than ``torch.equal``: it compares on one thread, and torch's
-    thread pool spends more time waiting for busy cores than comparing (5x
-    slower on a loaded 2-core machine); on words it runs near memory speed.
+    numpy rather than torch: it compares on one thread near memory speed, and
+    needs no torch import for the common case (the files agree).
     """
     import numpy as np
 
-    bytes_a, bytes_b = as_bytes(a).numpy(), as_bytes(b).numpy()
-    for dtype in (np.int64, np.int32, np.int16):
-        width = np.dtype(dtype).itemsize
-        if all(x.size % width == 0 and x.ctypes.data % width == 0 for x in (bytes_a, bytes_b)):
-            return bool(np.array_equal(bytes_a.view(dtype), bytes_b.view(dtype)))
-    return bool(np.array_equal(bytes_a, bytes_b))
+    if len(a) != len(b):
+        return False
+    word = np.uint64 if len(a) % 8 == 0 else np.uint8
+    return bool(np.array_equal(np.frombuffer(a, word), np.frombuffer(b, word)))
 
 
-def _work_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """A dtype holding both sides' values exactly (int64 for every integer and bool)."""
-    import torch
+def _values(window: bytes | memoryview, dtype: DType) -> Any:
+    """A window's values at a precision that holds them exactly (float64, complex128, int64)."""
+    import numpy as np
 
-    if a.is_complex or b.is_complex:
-        return torch.complex128
-    if a.is_floating_point or b.is_floating_point:
-        return torch.float64
-    return torch.int64
+    if dtype.numpy is not None:
+        values = np.frombuffer(window, dtype=dtype.to_numpy())
+    else:  # bfloat16, float8 and the like: torch knows their values
+        import torch
+
+        raw = torch.frombuffer(bytearray(window), dtype=dtype.to_torch()) if len(window) else \
+            torch.empty(0, dtype=dtype.to_torch())
+        values = raw.to(torch.float64 if dtype.is_floating_point else torch.int64).numpy()
+    if values.dtype.kind == "c":
+        return values.astype(np.complex128)
+    if values.dtype.kind == "f":
+        return values.astype(np.float64)
+    return values.astype(np.int64)
 
 
-def _item(element: torch.Tensor) -> Any:
-    value = element.item()
-    return str(value) if isinstance(value, complex) else value
+def _compare_window(a: bytes | memoryview, b: bytes | memoryview, type_a: DType,
+                    type_b: DType, offset: int, tolerance: Tolerance, worst: _Worst) -> None:
+    """Fold one window pair into ``worst``."""
+    import numpy as np
+
+    x, y = _values(a, type_a), _values(b, type_b)
+    if x.dtype.kind == "c" or y.dtype.kind == "c":
+        x, y = x.astype(np.complex128), y.astype(np.complex128)
+    elif x.dtype.kind == "f" or y.dtype.kind == "f":
+        x, y = x.astype(np.float64), y.astype(np.float64)
+    with np.errstate(all="ignore"):
+        same = x == y
+        if x.dtype.kind in "fc":
+            same |= np.isnan(x) & np.isnan(y)
+        if bool(same.all()):  # -0.0 vs 0.0, NaN payloads: equal by value
+            return
+        fx, fy = (x, y) if x.dtype.kind in "fc" else (x.astype(np.float64), y.astype(np.float64))
+        magnitude = np.abs(fx)
+        delta = np.where(same, 0.0, np.abs(fx - fy))
+        delta = np.nan_to_num(delta, nan=np.inf)
+        relative = np.where(delta == 0, 0.0, delta / magnitude)
+        relative = np.nan_to_num(relative, nan=np.inf)
+        inside = same | (delta <= tolerance.atol + tolerance.rtol * magnitude)
+    worst.differing += int((~inside).sum())
+    local = int(delta.argmax())
+    if float(delta[local]) > worst.max_abs or (worst.a is None and not inside.all()):
+        worst.max_abs, worst.flat_index = float(delta[local]), offset + local
+        worst.a, worst.b = _item(x[local]), _item(y[local])
+    worst.max_rel = max(worst.max_rel, float(relative.max()))
+
+
+def _item(value: Any) -> Any:
+    item = value.item()
+    return str(item) if isinstance(item, complex) else item
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -390,58 +437,3 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         flat, rest = divmod(flat, size)
         index.append(rest)
     return tuple(reversed(index))
-
-
-class _PageReleaser:
-    """Give compared pages of the input files back to the kernel (Linux).
-
-    The readers map files privately; every page a comparison touches stays
-    in the process's resident set until the mapping goes, so a diff of two
-    2 GB files would peak near 4 GB. Dropping a page of a file mapping that
-    nobody wrote to loses nothing: the next access reads it from the page
-    cache again. Only mappings of the given files are touched, never heap
-    memory (where dropping pages would zero them).
-    """
-
-    _MADV_DONTNEED = 4
-
-    def __init__(self, files: list[Path]) -> None:
-        self._ranges = _mapped_ranges(files) if files else []
-        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self._ranges else None
-        self._page = os.sysconf("SC_PAGE_SIZE") if self._ranges else 1
-
-    def __call__(self, tensor: torch.Tensor) -> None:
-        if self._madvise is None or not tensor.numel():
-            return
-        start = tensor.data_ptr()
-        end = start + _nbytes(tensor)
-        for low, high in self._ranges:
-            if low <= start and end <= high:
-                first = start - start % self._page
-                last = min(high, -(-end // self._page) * self._page)
-                self._madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
-                              self._MADV_DONTNEED)
-                return
-
-
-def _mapped_ranges(files: list[Path]) -> list[tuple[int, int]]:
-    """Address ranges where this process maps any of ``files`` privately."""
-    identities = set()
-    for path in files:
-        stat = path.stat()
-        identities.add((os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino))
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            lines = maps.readlines()
-    except OSError:  # not Linux: pages stay until the mapping is closed
-        return []
-    ranges = []
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or fields[1][3] != "p":
-            continue
-        major, minor = (int(part, 16) for part in fields[3].split(":"))
-        if (major, minor, int(fields[4])) in identities:
-            low, high = (int(part, 16) for part in fields[0].split("-"))
-            ranges.append((low, high))
-    return ranges

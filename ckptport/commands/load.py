@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import rebuild_dict
-from .errors import SelectionError, StateDictMismatchError
-from .readers import read
-from .rules import NormalizeOptions, is_state_dict, normalize, strip_key
+from ..errors import CkptportError, SelectionError, StateDictMismatchError
+from ..readers import read
+from ..rules import NormalizeOptions, apply_rules, is_state_dict, strip_key
+from ..tree import rebuild_dict
 
 if TYPE_CHECKING:
     import torch
@@ -43,14 +43,23 @@ def load_state_dict(
     Tensors stay mapped from the file (copy-on-write) unless ``device`` asks
     for another device (``"cuda:0"``, ``"mps"``).
     """
-    normalized = normalize(read(path, trust=trust), options)
+    normalized = apply_rules(read(path, trust=trust), options)
     state = normalized.checkpoint.tree
     if not is_state_dict(state):
         raise SelectionError("the selected part is not a state dict of tensors; pass "
                              "options=NormalizeOptions(select=...)", os.fspath(path))
     if device is not None:
-        state = rebuild_dict(state, [(k, v.to(device)) for k, v in state.items()])
+        state = rebuild_dict(state, [(k, _to(v, device, path)) for k, v in state.items()])
     return state
+
+
+def _to(tensor: torch.Tensor, device: str | torch.device, path: str | os.PathLike[str]
+        ) -> torch.Tensor:
+    try:
+        return tensor.to(device)
+    except (AssertionError, RuntimeError, ValueError) as exc:  # no such device here
+        raise CkptportError(f"cannot move the weights to {device}: {str(exc).splitlines()[0]}",
+                            os.fspath(path)) from None
 
 
 @dataclass(frozen=True)
@@ -65,9 +74,11 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
               options: NormalizeOptions | None = None, trust: bool = False) -> LoadResult:
     """Load ``path`` into ``model``, wrapped or not, on the model's own keys."""
     state = load_state_dict(path, options=options, trust=trust)
-    model_keys = list(model.state_dict())
+    model_state = model.state_dict(keep_vars=True)
+    model_keys = list(model_state)
     by_stripped = {strip_key(key) or key: key for key in model_keys}
     renamed = rebuild_dict(state, [(by_stripped.get(k, k), v) for k, v in state.items()])
+    _fill_ties(model_state, renamed)
     versions = getattr(state, "_metadata", None)
     if versions is not None:
         renamed._metadata = _versions_for(model, versions)  # type: ignore[attr-defined]
@@ -77,6 +88,23 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
         raise StateDictMismatchError(_explain(missing, unexpected), os.fspath(path))
     model.load_state_dict(renamed, strict=False)
     return LoadResult(missing, unexpected)
+
+
+def _fill_ties(model_state: Mapping[str, Any], loaded: dict[str, Any]) -> None:
+    """Fill model keys the model ties to a key the checkpoint holds (``lm_head`` = embedding).
+
+    Files saved the hub's way leave tied names out; the model itself says
+    which of its tensors are one, and loading one fills the other.
+    """
+    owner: dict[int, str] = {}
+    for key, tensor in model_state.items():
+        if key in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
+            owner.setdefault(tensor.data_ptr(), key)
+    for key, tensor in model_state.items():
+        if key not in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
+            source = owner.get(tensor.data_ptr())
+            if source is not None and tuple(model_state[source].shape) == tuple(tensor.shape):
+                loaded[key] = loaded[source]
 
 
 def _versions_for(model: torch.nn.Module, versions: Mapping[str, Any]) -> OrderedDict[str, Any]:

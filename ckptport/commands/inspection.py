@@ -3,9 +3,10 @@
 The file is read for a report (``lenient``): objects of classes outside the
 allow-list, and even globals that would run code, are kept as inert records
 and listed by name, so the report says exactly what blocks
-``torch.load(weights_only=True)``. Tensors stay lazy: shapes, dtypes and
-storages come from the pickle, and no tensor byte is read unless ``--hash``
-asks for the file's sha256.
+``torch.load(weights_only=True)``. Tensors are described, not loaded:
+shapes, dtypes and storages come from the container and the pickle, no
+tensor byte is read (unless ``--hash`` asks for the file's sha256), and
+torch is not imported for zip, legacy and safetensors files or shard sets.
 """
 
 from __future__ import annotations
@@ -18,15 +19,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
-from .errors import InputError, SelectionError
-from .readers import allowlist, read, resolve
-from .readers.restricted import Backref, GlobalRef, ObjectRecord
-from .rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
-from .rules.select import Select, is_state_dict
+from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
+from ..errors import CkptportError
+from ..readers import open_checkpoint
+from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
+from ..rules.select import Select
+from ..tensors import extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
+from ..tree import (
+    Backref,
+    GlobalRef,
+    ObjectRecord,
+    children,
+    is_state_dict,
+    iter_nodes,
+    iter_tensors,
+    type_name,
+)
+from ..unpickle.snapshots import TORCH_DEFAULT_NAMES
+from ..unpickle.values import DefaultDict
 
 __all__ = ["InspectReport", "LayoutNode", "BlockingObject", "StorageBloat", "inspect",
-           "read_for_report", "describe_for_report", "DEFAULT_DEPTH"]
+           "read_for_report", "describe_for_report", "classify_globals", "wrapper_prefixes",
+           "DEFAULT_DEPTH"]
 
 DEFAULT_DEPTH = 2
 
@@ -84,6 +98,9 @@ class InspectReport:
     shared_storages: tuple[tuple[str, ...], ...]
     storage_bloat: tuple[StorageBloat, ...]
     metadata: Mapping[str, str] = field(default_factory=dict)  # safetensors header, DCP planner
+    unproven_callables: tuple[str, ...] = ()  # unknown names the file calls: maybe functions
+    spellings: Mapping[str, str] = field(default_factory=dict)  # resolved -> as in the file
+    notes: tuple[str, ...] = ()
     tensor_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,54 +108,30 @@ class InspectReport:
 
 
 def read_for_report(path: str | os.PathLike[str]) -> Checkpoint:
-    """Read any checkpoint for a report: pickled files leniently, nothing run either way."""
-    source, _ = resolve(path)
-    if source.is_file() and not source.name.endswith(".index.json"):
-        from .readers.sniff import sniff
-
-        fmt = sniff(source)
-        if fmt is not Format.SAFETENSORS:
-            from .readers.torch_pickle import read_torch
-
-            try:
-                return read_torch(source, fmt, lenient=True)
-            except RecursionError:
-                raise InputError("pickle nests too deeply to read", source) from None
-    return read(path)
+    """Read any checkpoint for a report: leniently (dangerous globals kept as records,
+    never run), tensors described."""
+    return open_checkpoint(path, lenient=True)
 
 
-def describe_for_report(path: str | os.PathLike[str]) -> Checkpoint:
-    """What a report needs, without torch where possible (``readers.describe``).
-
-    Tensor leaves are ``TensorInfo`` descriptions; where the torch-free
-    reader cannot vouch for an exact description, the file is read by
-    ``read_for_report`` instead (real, lazy tensors). Reports are the same
-    either way.
-    """
-    from .readers.describe import NotDescribable, describe
-
-    try:
-        return describe(path)
-    except NotDescribable:
-        return read_for_report(path)
+describe_for_report = read_for_report  # round 1 had two readers here; there is one now
 
 
 def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_DEPTH,
             with_hash: bool = False) -> InspectReport:
     """Describe a checkpoint (a path or an already read ``Checkpoint``)."""
-    checkpoint = path if isinstance(path, Checkpoint) else describe_for_report(path)
+    checkpoint = path if isinstance(path, Checkpoint) else read_for_report(path)
     source = checkpoint.source
     tree = checkpoint.tree
     sha256 = None
     if with_hash:  # the same digest normalize records as ckptport.source_sha256
-        from .convert import sha256_files
+        from .normalize import sha256_files
 
         sha256 = sha256_files(source.files)
     weights_path, weights = _weights(checkpoint)
     unique = _unique_tensors(tree)
     by_dtype: Counter[str] = Counter()
     for tensor in unique.values():
-        by_dtype[str(tensor.dtype).removeprefix("torch.")] += _nbytes(tensor)
+        by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes(tensor)
     beyond, dangerous = classify_globals(source)
     prefixes = wrapper_prefixes(tree)
     return InspectReport(
@@ -147,7 +140,7 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         size=source.size,
         sha256=sha256,
         layout=_layout("<root>", tree, depth),
-        tensors=sum(1 for _ in checkpoint.tensors()),
+        tensors=len(unique),
         parameters=sum(t.numel() for t in _unique_tensors(weights).values()),
         weights=weights_path,
         bytes_by_dtype=dict(sorted(by_dtype.items())),
@@ -161,96 +154,87 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         shared_storages=source.shared_storages,
         storage_bloat=storage_bloat(tree),
         metadata=dict(source.metadata),
+        unproven_callables=tuple(n for n in source.unproven if n not in dangerous),
+        spellings=dict(source.spellings),
+        notes=source.notes,
     )
 
 
 def classify_globals(source: SourceFacts) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(globals plain ``torch.load(weights_only=True)`` refuses, those that can run code)."""
-    from .readers.describe import TORCH_DEFAULT_NAMES, is_allowed
+    """(globals plain ``torch.load(weights_only=True)`` refuses, those that can run code).
 
-    allowed = TORCH_DEFAULT_NAMES  # torch's own list, as a snapshot: no torch import
-    dangerous = tuple(dict.fromkeys([*source.refused_globals, *(
-        g for g in source.globals if allowlist.is_dangerous(g) and not is_allowed(g))]))
-    beyond = tuple(g for g in source.globals if g not in allowed and g not in dangerous)
+    Names are compared resolved, as the unpickler resolves them: protocol-2
+    files name ``int`` as ``__builtin__.long``, which is ``builtins.int``.
+    """
+    dangerous = tuple(dict.fromkeys(source.refused_globals))
+    beyond = tuple(g for g in source.globals
+                   if g not in TORCH_DEFAULT_NAMES and g not in dangerous
+                   and not _storage_name(g))
     return beyond, dangerous
+
+
+def _storage_name(name: str) -> bool:
+    """torch resolves any ``*Storage`` name itself (its loader's own rule)."""
+    from ..dtypes import STORAGE_CLASSES
+
+    attribute = name.rpartition(".")[2]
+    return attribute in STORAGE_CLASSES or attribute == "UntypedStorage"
 
 
 def _weights(checkpoint: Checkpoint) -> tuple[str | None, Any]:
     try:
         picked, result = Select("auto")(checkpoint)
-    except SelectionError:
+    except CkptportError:
         return None, checkpoint.tree
     return str(result.details["picked"]), picked.tree
 
 
-def _nbytes(tensor: Any) -> int:
-    return int(tensor.numel() * tensor.element_size())
-
-
 def _unique_tensors(tree: Any) -> dict[Any, Any]:
     """Tensors by view, so a tied weight counts once."""
-    from .checkpoint import iter_tensors
-    from .tensorops import view_key
-
-    return {view_key(t) or (id(t),): t for _, t in iter_tensors(tree)}
+    return {view_key(t): t for _, t in iter_tensors(tree)}
 
 
 def _layout(key: str, value: Any, depth: int) -> LayoutNode:
-    entries = _entries(value)
+    entries = None if is_tensor(value) else children(value)
     if entries is None:
         kind, summary = _leaf(value)
-        nbytes = _nbytes(value) if is_tensor(value) else 0
-        return LayoutNode(key, kind, summary, int(is_tensor(value)), nbytes)
-    children = [_layout(str(k), v, depth - 1) for k, v in entries]
-    tensors = sum(c.tensors for c in children)
-    nbytes = sum(c.nbytes for c in children)
-    summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-    shown = tuple(children) if depth > 0 else ()
-    return LayoutNode(key, _kind(value), summary, tensors, nbytes, shown,
-                      len(children) - len(shown), container=True)
-
-
-def _entries(value: Any) -> list[tuple[Any, Any]] | None:
-    if isinstance(value, Mapping):
-        return list(value.items())
-    if isinstance(value, (list, tuple)):
-        return list(enumerate(value))
+        size = nbytes(value) if is_tensor(value) else 0
+        return LayoutNode(key, kind, summary, int(is_tensor(value)), size)
     if isinstance(value, ObjectRecord):
-        return [(k, v) for k, v in _record_parts(value) if v not in (None, (), {}, [])]
-    if isinstance(value, argparse.Namespace):
-        return list(vars(value).items())
-    return None
-
-
-def _record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
-    state = record.state
-    parts = [("args", record.args), ("kwargs", record.kwargs), ("items", record.items),
-             ("list", record.listitems)]
-    if isinstance(state, dict) and all(isinstance(k, str) for k in state):
-        return parts + list(state.items())
-    return [*parts, ("state", state)]
+        entries = [(k, v) for k, v in entries if v not in (None, (), {}, [])]
+    kids = [_layout(str(k), v, depth - 1) for k, v in entries]
+    tensors = sum(c.tensors for c in kids)
+    size = sum(c.nbytes for c in kids)
+    summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    shown = tuple(kids) if depth > 0 else ()
+    return LayoutNode(key, _kind(value), summary, tensors, size, shown,
+                      len(kids) - len(shown), container=True)
 
 
 def _kind(value: Any) -> str:
     if isinstance(value, ObjectRecord):
         return value.name if value.kind == "instance" else f"call {value.name}"
-    kind = type(value)
-    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    return type_name(value)
 
 
 def _leaf(value: Any) -> tuple[str, str]:
     if is_tensor(value):
-        from .tensorops import human_bytes
-
         dtype = str(value.dtype).removeprefix("torch.")
         shape = ", ".join(map(str, value.shape))
-        return "tensor", f"{dtype}[{shape}] {human_bytes(_nbytes(value))}"
+        return "tensor", f"{dtype}[{shape}] {human_bytes(nbytes(value))}"
     if isinstance(value, GlobalRef):
         return "global", value.name
     if isinstance(value, Backref):
         return "reference", f"back to {value.target}"
-    text = repr(value)
+    text = _short_repr(value)
     return _kind(value), text if len(text) <= 60 else text[:57] + "..."
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except ValueError:  # an int too long to print
+        return f"<{type_name(value)}>"
 
 
 def wrapper_prefixes(tree: Any) -> dict[str, int]:
@@ -270,35 +254,30 @@ def first_key_with(tree: Any, prefix: str) -> str:
                 for key in state if key.startswith(prefix) or f".{prefix}" in f".{key}")
 
 
-def _state_dicts(tree: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
-    if is_state_dict(tree):
-        return [(path, tree)]
-    found = []
-    if isinstance(tree, Mapping):
-        for key, value in tree.items():
-            found += _state_dicts(value, (*path, key))
-    elif isinstance(tree, (list, tuple)):
-        for index, value in enumerate(tree):
-            found += _state_dicts(value, (*path, index))
-    return found
+def _state_dicts(tree: Any) -> list[tuple[KeyPath, Mapping[str, Any]]]:
+    return [(path, node) for path, node in iter_nodes(tree) if is_state_dict(node)]
 
 
-def blocking_objects(tree: Any, dangerous: set[str], path: KeyPath = ()) -> list[BlockingObject]:
+def blocking_objects(tree: Any, dangerous: set[str]) -> list[BlockingObject]:
     """Every object the plain weights-only reader refuses, with where it sits."""
     found = []
-    name = _needed_global(tree)
-    if name is not None:
-        found.append(BlockingObject(format_path(path), name, name in dangerous))
-    for key, value in _entries(tree) or ():
-        found += blocking_objects(value, dangerous, (*path, key))
+    for path, node in iter_nodes(tree):
+        name = _needed_global(node)
+        if name is not None:
+            found.append(BlockingObject(format_path(path), name, name in dangerous))
     return found
+
+
+_BLOCKING_TYPES = {argparse.Namespace: "argparse.Namespace", DefaultDict: "collections.defaultdict",
+                   frozenset: "builtins.frozenset", slice: "builtins.slice",
+                   range: "builtins.range"}
 
 
 def _needed_global(value: Any) -> str | None:
     if isinstance(value, (ObjectRecord, GlobalRef)):
         return value.name
-    if isinstance(value, argparse.Namespace):
-        return "argparse.Namespace"
+    if type(value) in _BLOCKING_TYPES:
+        return _BLOCKING_TYPES[type(value)]
     module = type(value).__module__
     if module == "numpy" or module.startswith("numpy."):
         return f"{module}.{type(value).__qualname__}"
@@ -307,27 +286,20 @@ def _needed_global(value: Any) -> str | None:
 
 def storage_bloat(tree: Any) -> tuple[StorageBloat, ...]:
     """Storages holding more bytes than the union of their views uses."""
-    from .checkpoint import iter_tensors
-    from .tensorops import storage_key
-
-    spans: dict[int, list[tuple[int, int]]] = {}
-    first: dict[int, tuple[str, int]] = {}
-    for key_path, tensor in iter_tensors(tree):
-        storage = storage_key(tensor)
-        if storage is None:
-            continue
-        start = int(tensor.storage_offset()) * tensor.element_size()
-        extent = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
-        stop = start + int(extent if tensor.numel() else 0) * tensor.element_size()
-        spans.setdefault(storage, []).append((start, stop))
-        first.setdefault(storage, (format_path(key_path), tensor.untyped_storage().nbytes()))
     bloated = []
-    for storage, ranges in spans.items():
+    for members in group_by_storage(tree).values():
+        first_path, first = members[0]
+        if storage_key(first) is None:
+            continue
+        spans = []
+        for _, tensor in members:
+            start = int(tensor.storage_offset()) * tensor.element_size()
+            spans.append((start, start + extent(tensor) * tensor.element_size()))
         used, end = 0, 0
-        for start, stop in sorted(ranges):
+        for start, stop in sorted(spans):
             used += max(0, stop - max(start, end))
             end = max(end, stop)
-        key, total = first[storage]
+        total = first.untyped_storage().nbytes()
         if total > used:
-            bloated.append(StorageBloat(key, total, used))
+            bloated.append(StorageBloat(format_path(first_path), total, used))
     return tuple(bloated)

@@ -1,0 +1,427 @@
+"""``ckptport check``: the CI gate on exported checkpoints.
+
+Each code has a stable name, a severity, and a one-line message naming the
+file and the key it concerns; ``CODES`` documents what each finds, why it
+matters and how to fix it (the README's table is made from it). Files are
+read for a report: a file with a code-running global is a finding that
+names it, and nothing in it runs. No tensor byte is read unless ``finite``
+or ``against`` needs values, and torch is not imported for zip, legacy and
+safetensors files or shard sets.
+
+A folder is searched for every regular file any loader could open:
+checkpoint files whatever their extension (``.PT``, ``.pth.tar``), shard
+sets, DCP and Hugging Face folders, and any other file whose bytes
+``torch.load`` would unpickle. A file that no loader can open is listed as
+skipped with the reason, never silently passed over.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint, Format
+from ..errors import (
+    EXIT_ERROR,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    CkptportError,
+    CodeArchiveError,
+    InputError,
+)
+from ..rules import NormalizeOptions
+from ..tensors import human_bytes
+from ..unpickle import allowed_names
+from .inspection import InspectReport, inspect, read_for_report
+
+__all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "Rule", "CODES", "RULES", "Finding",
+           "FileResult", "Skipped", "CheckReport", "check", "CODE_PATTERN", "FINITE_SCOPES"]
+
+CODE_PATTERN = re.compile(r"(?i)CKP\d{3}(\s*,\s*CKP\d{3})*")
+FINITE_SCOPES = ("weights", "all")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    path: Path
+    key: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What a check run was asked for; a code's ``wanted`` decides from it whether it runs."""
+
+    formats: tuple[str, ...] = ()  # --require-format
+    finite: str | None = None  # "weights" or "all" (--finite)
+    reference: Checkpoint | None = None  # --against
+    manifest: Any = None  # --against-manifest, loaded
+    options: NormalizeOptions = field(default_factory=NormalizeOptions)
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+@dataclass(frozen=True)
+class FileUnderCheck:
+    """One readable file as every code sees it: read once (leniently), inspected once."""
+
+    checkpoint: Checkpoint
+    report: InspectReport
+    settings: CheckSettings
+
+    @property
+    def dangerous(self) -> bool:
+        """Running more than the static codes on it would mean trusting it: not done."""
+        return bool(self.report.dangerous_globals or self.report.unproven_callables)
+
+
+Hit = tuple[str | None, str]  # (key or None, message)
+
+
+def _always(settings: CheckSettings) -> bool:
+    return True
+
+
+def _nothing(file: FileUnderCheck) -> Iterable[Hit]:
+    return ()
+
+
+@dataclass(frozen=True)
+class CheckCode:
+    """A check: what it is (documented), whether a run wants it, and what it finds in a file.
+
+    To add one: a function from ``FileUnderCheck`` to ``(key, message)`` pairs,
+    in a module of its own if it is large, and one entry in ``CODES``.
+    """
+
+    code: str
+    name: str
+    severity: str  # "error" or "warning"; both fail the gate (exit 1)
+    finds: str
+    why: str
+    fix: str
+    run: Callable[[FileUnderCheck], Iterable[Hit]] = _nothing
+    wanted: Callable[[CheckSettings], bool] = _always
+
+
+Rule = CheckCode  # round 1's name
+
+
+def _spelled(name: str, raw: str | None) -> str | None:
+    return f"{name} (named {raw} in the file)" if raw else None
+
+
+def _dangerous_message(name: str, spelled: str | None = None) -> str:
+    return (f"dangerous global {spelled or name}: loading this file with full unpickling "
+            "runs it (nothing was run)")
+
+
+def _fate(name: str) -> str:
+    """What ``normalize`` does with an object of this global, in words."""
+    if name in allowed_names():
+        return "normalize converts it to plain data"
+    return "normalize keeps it as an inert record with --select all (nothing is run)"
+
+
+def _device_bound(file: FileUnderCheck) -> Iterable[Hit]:
+    for location, count in file.report.storage_locations.items():
+        if location != "cpu":
+            yield None, (f"{count} storages recorded on {location}; torch.load without "
+                         "map_location fails without that device")
+
+
+def _where(report: InspectReport) -> dict[str, str]:
+    return {o.global_name: o.key for o in report.blocking_objects}
+
+
+def _beyond_weights_only(file: FileUnderCheck) -> Iterable[Hit]:
+    report, where = file.report, _where(file.report)
+    for name in report.globals_beyond_weights_only:
+        if name not in report.unproven_callables:
+            spelled = _spelled(name, report.spellings.get(name)) or name
+            yield where.get(name), (f"needs {spelled}, which torch.load(weights_only=True) "
+                                    f"refuses; {_fate(name)}")
+
+
+def _dangerous(file: FileUnderCheck) -> Iterable[Hit]:
+    report, where = file.report, _where(file.report)
+    for name in report.dangerous_globals:
+        yield where.get(name), _dangerous_message(name, _spelled(name,
+                                                                 report.spellings.get(name)))
+    for name in report.unproven_callables:
+        spelled = _spelled(name, report.spellings.get(name)) or name
+        yield where.get(name), (f"the file calls {spelled}, which ckptport cannot prove is a "
+                                "harmless class: full unpickling would run it (nothing was run; "
+                                "normalize keeps or refuses it as data)")
+
+
+def _wrapper_prefixes(file: FileUnderCheck) -> Iterable[Hit]:
+    report = file.report
+    for prefix, count in report.wrapper_prefixes.items():
+        yield report.wrapper_examples.get(prefix), \
+            f"{count} keys carry the wrapper prefix {prefix!r}"
+
+
+def _storage_bloat(file: FileUnderCheck) -> Iterable[Hit]:
+    for bloat in file.report.storage_bloat:
+        yield bloat.key, (f"storage of {human_bytes(bloat.storage_bytes)} holds "
+                          f"{human_bytes(bloat.used_bytes)} of tensor data")
+
+
+def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
+    from .finite import non_finite
+
+    assert file.settings.finite is not None
+    return non_finite(file.checkpoint, file.settings.options, file.settings.finite)
+
+
+def _format(file: FileUnderCheck) -> Iterable[Hit]:
+    formats, fmt = file.settings.formats, file.report.format.value
+    if fmt not in formats:
+        yield None, f"format {fmt}, required: {', '.join(formats)}"
+
+
+def _against_reference(file: FileUnderCheck) -> Iterable[Hit]:
+    if file.dangerous or file.settings.reference is None:
+        return ()
+    return _against(file.checkpoint, file.settings)
+
+
+def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
+    if file.dangerous:
+        return ()
+    from .manifest import against_manifest
+
+    return against_manifest(file.checkpoint, file.settings.manifest, file.settings.options)
+
+
+def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
+    if file.report.format is Format.TORCHSCRIPT:
+        yield None, ("a TorchScript archive: loading it runs its code; use normalize --trust "
+                     "if you vouch for it")
+
+
+CODES = {rule.code: rule for rule in (
+    CheckCode("CKP001", "device-bound", "warning",
+              "storages the file records on a device other than the CPU (cuda:3)",
+              "torch.load without map_location fails on a machine without that device",
+              "ckptport normalize SRC DST (maps to cpu; --anchor cpu)", _device_bound),
+    CheckCode("CKP002", "globals-beyond-weights-only", "warning",
+              "globals plain torch.load(weights_only=True) refuses (argparse.Namespace, numpy, "
+              "custom classes), each named with what normalize does with it",
+              "since PyTorch 2.6 consumers must pass weights_only=False, which runs any code",
+              "ckptport normalize SRC DST (turns objects into plain data)", _beyond_weights_only),
+    CheckCode("CKP003", "dangerous-global", "error",
+              "globals that run code, import or touch files (os.system, builtins.eval, "
+              "subprocess.*, …), and unknown callables not provably classes, each named",
+              "loading the file with full unpickling runs that code",
+              "do not load the file; rebuild it from a trusted source", _dangerous),
+    CheckCode("CKP004", "wrapper-prefix", "warning",
+              "state-dict keys wrapped by DDP/DataParallel (module.), torch.compile "
+              "(_orig_mod.), FSDP, activation checkpointing",
+              "load_state_dict into the bare model fails with missing/unexpected keys",
+              "ckptport normalize SRC DST (strips them)", _wrapper_prefixes),
+    CheckCode("CKP005", "storage-bloat", "warning",
+              "storages larger than the bytes their tensors use (a saved slice of a big tensor)",
+              "the file carries bytes nobody uses; downloads and loads cost more",
+              "ckptport normalize SRC DST (compacts every storage)", _storage_bloat),
+    CheckCode("CKP006", "non-finite", "error",
+              "NaN or infinite values in floating-point tensors (with --finite)",
+              "a diverged run exported as if it were good",
+              "export from the last good step", _non_finite,
+              lambda settings: settings.finite is not None),
+    CheckCode("CKP007", "format", "error",
+              "a container format other than --require-format",
+              "consumers expect one format (safetensors loads without unpickling)",
+              "ckptport normalize SRC DST.safetensors", _format,
+              lambda settings: bool(settings.formats)),
+    CheckCode("CKP008", "unreadable", "error",
+              "a file that cannot be read: corrupt, truncated, ambiguous, hostile pickle",
+              "nothing can load it, or loaders disagree on what it holds",
+              "re-export it; the message says what is wrong"),
+    CheckCode("CKP009", "disagrees-with-reference", "error",
+              "tensors or values that differ from --against REF beyond --atol/--rtol",
+              "the exported artifact is not the model that was validated",
+              "export again from the reference, or compare with ckptport diff",
+              _against_reference, lambda settings: settings.reference is not None),
+    CheckCode("CKP010", "disagrees-with-manifest", "error",
+              "tensors missing, unexpected, or with another dtype, shape or content than "
+              "--against-manifest FILE records",
+              "the artifact does not hold the weights that were released",
+              "export again, or regenerate the manifest with ckptport manifest",
+              _against_manifest, lambda settings: settings.manifest is not None),
+    CheckCode("CKP011", "code-archive", "error",
+              "a TorchScript or torch.package archive: loading it runs code it carries",
+              "torch.jit.load and PackageImporter execute the archive's code",
+              "ckptport normalize --trust SRC DST if you vouch for it, then ship DST",
+              _code_archive),
+)}
+RULES = CODES  # round 1's name
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: Path
+    findings: tuple[Finding, ...]
+    unreadable: bool = False
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file in a checked folder that no checkpoint loader can open."""
+
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    files: tuple[FileResult, ...]
+    codes: tuple[str, ...]  # the codes that ran
+    skipped: tuple[Skipped, ...] = ()
+    findings: int = field(init=False)
+    exit_code: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        count = sum(len(f.findings) for f in self.files)
+        code = EXIT_ERROR if any(f.unreadable for f in self.files) else (
+            EXIT_FINDINGS if count else EXIT_OK)
+        object.__setattr__(self, "findings", count)
+        object.__setattr__(self, "exit_code", code)
+
+
+def check(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    codes: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    finite: bool | str = False,
+    require_format: Iterable[str] = (),
+    against: str | os.PathLike[str] | None = None,
+    against_manifest: str | os.PathLike[str] | None = None,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    options: NormalizeOptions | None = None,
+    select: Iterable[str] = (),
+) -> CheckReport:
+    """Run the codes on every file (folders searched for every file a loader could open).
+
+    ``paths`` is one path or several. ``codes``/``ignore`` take codes (``select`` is
+    round 1's name for ``codes``); an unknown code is a ``ValueError``. ``finite``:
+    ``True``/``"weights"`` checks the weights ``--select`` picks, ``"all"`` every
+    tensor. ``options`` normalize both sides for ``against`` and pick the weights
+    for ``finite``. ``CKP006`` runs only with ``finite``, ``CKP007`` only with
+    ``require_format``, ``CKP009`` only with ``against``, ``CKP010`` only with
+    ``against_manifest``.
+    """
+    scope = "weights" if finite is True else (finite or None)
+    if scope is not None and scope not in FINITE_SCOPES:
+        raise ValueError(f"finite must be one of {', '.join(FINITE_SCOPES)}, not {finite!r}")
+    settings = CheckSettings(tuple(require_format), scope, None, None,
+                             options or NormalizeOptions(), atol, rtol)
+    wanted = replace(settings, reference=_PLANNED if against is not None else None,
+                     manifest=_PLANNED if against_manifest is not None else None)
+    chosen = _codes([*codes, *select], ignore, wanted)
+    if against is not None and "CKP009" in chosen:
+        from ..readers import open_checkpoint
+
+        settings = replace(settings, reference=open_checkpoint(against))
+    if against_manifest is not None and "CKP010" in chosen:
+        from .manifest import load_manifest
+
+        settings = replace(settings, manifest=load_manifest(against_manifest))
+    found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    files = tuple(_check_file(path, chosen, settings) for path in found)
+    return CheckReport(files, chosen, tuple(skipped))
+
+
+_PLANNED: Any = object()  # stands for a reference or manifest not read yet
+
+
+def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSettings
+           ) -> tuple[str, ...]:
+    picked = [c.strip().upper() for item in chosen for c in str(item).split(",") if c.strip()]
+    left_out = [c.strip().upper() for item in skipped for c in str(item).split(",") if c.strip()]
+    unknown = [c for c in (*picked, *left_out) if c not in CODES]
+    if unknown:
+        raise ValueError(f"unknown rule code {', '.join(unknown)} (known: {', '.join(CODES)})")
+    return tuple(c for c, code in CODES.items()
+                 if (c in picked if picked else code.wanted(settings)) and c not in left_out)
+
+
+def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Skipped]]:
+    """Every checkpoint to check, and every other file of the folders given."""
+    from .discover import discover
+
+    found: list[Path] = []
+    skipped: list[Skipped] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            found.append(path)
+            continue
+        try:
+            items = discover(path)
+        except OSError as exc:
+            raise InputError(f"cannot search the folder: {exc.strerror or exc}", path) from None
+        found += [item.path for item in items.checkpoints]
+        skipped += [Skipped(p, why) for p, why in items.others]
+        if not items.checkpoints and not items.others:
+            found.append(path)  # an empty folder is reported as unreadable
+    return found, skipped
+
+
+def _check_file(path: Path, codes: tuple[str, ...], settings: CheckSettings) -> FileResult:
+    try:
+        checkpoint = read_for_report(path)
+        file = FileUnderCheck(checkpoint, inspect(checkpoint), settings)
+        findings = [Finding(code, CODES[code].severity, path, key, message)
+                    for code in codes for key, message in CODES[code].run(file)]
+    except CkptportError as exc:
+        return _unreadable(path, exc, codes)
+    return FileResult(path, tuple(findings))
+
+
+def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileResult:
+    """A file that cannot be read; the code-running globals met first are still named."""
+    message = " ".join(exc.message.split())
+    code = "CKP011" if isinstance(exc, CodeArchiveError) else "CKP008"
+    findings = [Finding(code, CODES[code].severity, path, None, message)]
+    findings += [Finding("CKP003", "error", path, None, _dangerous_message(
+                     name, _spelled(name, exc.spellings.get(name)))) for name in exc.dangerous]
+    kept = tuple(f for f in findings if f.code in codes)
+    return FileResult(path, kept, unreadable=not exc.dangerous and code == "CKP008")
+
+
+def _against(checkpoint: Checkpoint, settings: CheckSettings) -> list[Hit]:
+    """Differences from the reference, both sides normalized alike (``ckptport diff``)."""
+    from .diff import diff
+
+    reference = settings.reference
+    assert reference is not None
+    try:
+        report = diff(reference, checkpoint, atol=settings.atol, rtol=settings.rtol,
+                      options=settings.options)
+    except CkptportError as exc:  # e.g. no state dict to compare
+        return [(None, f"cannot compare with the reference: {' '.join(exc.message.split())}")]
+    rows: list[tuple[str | None, str]] = [
+        *((k, "missing (in the reference only)") for k in report.only_in_a),
+        *((k, "not in the reference") for k in report.only_in_b),
+        *((m.key, f"shape {m.shape_b} vs {m.shape_a} in the reference")
+          for m in report.shape_mismatches),
+        *((d.key, f"{d.differing} values differ, max |a-b| {d.max_abs:.3g}")
+          for d in report.value_mismatches),
+        *((m.key, f"{m.b} vs {m.a} in the reference") for m in report.leaf_mismatches),
+    ]
+    if not report.tolerance.cast:
+        rows += [(m.key, f"dtype {m.dtype_b} vs {m.dtype_a} in the reference")
+                 for m in report.dtype_mismatches]
+    name = reference.source.path.name
+    return [(key, f"{what} ({name})") for key, what in rows]
+

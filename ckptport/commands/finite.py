@@ -1,0 +1,74 @@
+"""``check --finite``: count NaN and infinite values, reading bytes by position, no torch.
+
+floats numpy knows are tested with ``isfinite``; bfloat16 and the float8
+formats, which numpy does not know, are tested on their bit patterns (an
+all-ones exponent for bfloat16 and e5m2; the NaN codes of e4m3fn, the
+``fnuz`` formats and e8m0). By default only the weights ``--select`` picks
+are checked, so a Lightning callback's ``kth_value=inf`` is not a finding;
+``--finite=all`` checks every tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..checkpoint import Checkpoint, format_path
+from ..dtypes import DType, dtype_of
+from ..rules import NormalizeOptions
+from ..rules.select import Select
+from ..tensors import chunks
+from ..tree import iter_tensors
+
+__all__ = ["non_finite", "count_non_finite"]
+
+
+def _bits(mask: int, value: int) -> Callable[[Any], Any]:
+    return lambda words: (words & mask) == value
+
+
+_BIT_TESTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "bfloat16": ("<u2", _bits(0x7F80, 0x7F80)),
+    "float8_e5m2": ("u1", _bits(0x7C, 0x7C)),
+    "float8_e4m3fn": ("u1", _bits(0x7F, 0x7F)),
+    "float8_e4m3fnuz": ("u1", _bits(0xFF, 0x80)),
+    "float8_e5m2fnuz": ("u1", _bits(0xFF, 0x80)),
+    "float8_e8m0fnu": ("u1", _bits(0xFF, 0xFF)),
+}
+
+
+def count_non_finite(leaf: Any) -> int:
+    """How many of a floating-point leaf's values are NaN or infinite."""
+    import numpy as np
+
+    dtype: DType = dtype_of(leaf)
+    bad = 0
+    for piece in chunks(leaf):
+        if dtype.name in _BIT_TESTS:
+            word, test = _BIT_TESTS[dtype.name]
+            bad += int(test(np.frombuffer(piece, dtype=word)).sum())
+        elif dtype.numpy is not None:
+            bad += int((~np.isfinite(np.frombuffer(piece, dtype=dtype.to_numpy()))).sum())
+    return bad
+
+
+def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str
+               ) -> Iterator[tuple[str, str]]:
+    """(key, message) for every tensor with non-finite values, in the chosen scope."""
+    tree = checkpoint.tree
+    prefix: tuple[Any, ...] = ()
+    if scope == "weights":
+        picked, result = Select(options.select, str(options.ema))(checkpoint)
+        tree = picked.tree
+        chosen = str(result.details["picked"])
+        prefix = () if chosen == "<root>" else (chosen,)
+    for path, leaf in iter_tensors(tree):
+        dtype = dtype_of(leaf)
+        if not (dtype.is_floating_point or dtype.is_complex):
+            continue
+        bad = count_non_finite(leaf)
+        if bad:
+            numel = 1
+            for n in leaf.shape:
+                numel *= n
+            yield format_path((*prefix, *path)), f"{bad} of {numel} values are NaN or infinite"

@@ -1,0 +1,120 @@
+"""Tell a file's container from its bytes, and refuse files that are two at once.
+
+Users rename files freely, so the extension is never trusted. Loaders try
+containers in their own order — ``torch.load`` a zip (``PK\\x03\\x04`` at
+byte 0), then a tar archive, then a pickle; Python's ``zipfile`` looks for
+a directory at the end; the safetensors library reads a length and JSON —
+so a file that more than one of them accepts is read differently by each
+(a polyglot). Such files are refused: ckptport never picks one reading of
+an ambiguous file.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import tarfile
+
+from ..checkpoint import Format
+from ..errors import InputError
+from ..sources import SourceFile
+from ..unpickle.scan import ScanError, executes_before, scan
+
+__all__ = ["sniff", "SourceStream", "is_tar", "torch_would_unpickle"]
+
+_ZIP = b"PK\x03\x04"
+_WHITESPACE = b" \t\r\n"
+
+
+class SourceStream(io.RawIOBase):
+    """A read-only, seekable file object over ``SourceFile`` (for ``tarfile``, ``zipfile``)."""
+
+    def __init__(self, source: SourceFile) -> None:
+        self.source, self.position = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.source.size}
+        self.position = max(0, base[whence] + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = max(0, min(len(buffer), self.source.size - self.position))
+        data = self.source.read(self.position, n)
+        buffer[:n] = data
+        self.position += n
+        return n
+
+
+def is_tar(source: SourceFile) -> bool:
+    """Whether ``tarfile.open(mode="r:")`` — what ``torch.load`` tries first — accepts it."""
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(SourceStream(source)), mode="r:"):
+            return True
+    except (tarfile.TarError, OSError, ValueError, EOFError, UnicodeError, OverflowError):
+        return False
+
+
+def _has_zip_directory(source: SourceFile) -> bool:
+    """Whether Python's ``zipfile`` would find an end-of-directory record (it searches the tail)."""
+    start = max(0, source.size - (1 << 16) - 22)
+    return b"PK\x05\x06" in source.read(start, source.size - start)
+
+
+def torch_would_unpickle(source: SourceFile) -> bool:
+    """Whether ``torch.load``'s pickle fallback would get past the file's first opcodes.
+
+    True when the bytes start a complete pickle, or reach an opcode that
+    imports or calls something before the first invalid one (a pickle runs
+    opcode by opcode, so a broken tail does not stop what came before).
+    """
+    head = source.read(0, min(source.size, 1 << 20))
+    try:
+        scan(head, 0)
+        return True
+    except ScanError as exc:
+        return executes_before(head, exc.position)
+
+
+def _safetensors_shaped(source: SourceFile, head: bytes) -> bool:
+    if len(head) < 9:
+        return False
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > source.size - 8:
+        return False
+    body = head[8:8 + min(length, len(head) - 8)].lstrip(_WHITESPACE)
+    return body[:1] == b"{"
+
+
+def sniff(source: SourceFile) -> Format | None:
+    """The built-in container of ``source``; None when it is none of them (another reader
+    may claim it); an ``InputError`` when it is empty or two containers at once."""
+    if source.size == 0:
+        raise InputError("empty file (0 bytes), not a checkpoint", source.path)
+    head = source.read(0, min(source.size, 4096))
+    if head[:4] == _ZIP:
+        return Format.TORCH_ZIP
+    if is_tar(source):
+        raise InputError("a tar archive: torch.load reads tar archives before pickles, so its "
+                         "reading of this file differs from every other reader's; refused",
+                         source.path)
+    if _has_zip_directory(source):
+        raise InputError("holds a zip directory at its end but does not start as a zip "
+                         "archive: Python's zipfile and torch.load would read different files; "
+                         "refused", source.path)
+    if _safetensors_shaped(source, head):
+        if torch_would_unpickle(source):
+            raise InputError("is both a safetensors file and a pickle torch.load would run; "
+                             "refused", source.path)
+        return Format.SAFETENSORS
+    if head[:1] == b"\x80" or torch_would_unpickle(source):
+        return Format.TORCH_LEGACY
+    return None

@@ -1,0 +1,241 @@
+"""The vocabulary of a checkpoint tree, shared by every layer: the bottom module.
+
+A checkpoint is a tree of plain data (dict, list, tuple, str, int, float,
+bool, None, bytes) whose leaves may be tensors. Readers add three kinds of
+record for what a pickle names but ckptport never builds: ``ObjectRecord``
+(an instance of a class outside the allow-list, or a call ckptport did not
+make), ``GlobalRef`` (a global used as a value) and ``Backref`` (where a
+reference cycle was cut). Rules, writers, reports and diff walk the tree
+with the helpers here, so every layer agrees on what the tree holds: a
+tensor inside a recorded object is a tensor for every command.
+
+The ``ckptport.*`` metadata keys that ckptport writes into safetensors
+headers are defined here too, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "KeyPath", "format_path", "Leaf", "is_tensor", "ObjectRecord", "GlobalRef", "Backref",
+    "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
+    "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
+    "KEY_RULES", "CKPTPORT_KEYS", "type_name",
+]
+
+KeyPath = tuple[Any, ...]
+
+KEY_VERSION = "ckptport.version"
+KEY_TREE = "ckptport.tree"
+KEY_ALIASES = "ckptport.aliases"
+KEY_SOURCE_SHA256 = "ckptport.source_sha256"
+KEY_RULES = "ckptport.rules"
+CKPTPORT_KEYS = (KEY_VERSION, KEY_TREE, KEY_ALIASES, KEY_SOURCE_SHA256, KEY_RULES)
+
+
+def format_path(path: KeyPath) -> str:
+    """A path as users write it for ``--select``: keys joined with dots."""
+    return ".".join(str(part) for part in path) if path else "<root>"
+
+
+class Leaf:
+    """Base of ckptport's own tensor leaves (described, file-backed, deferred).
+
+    Subclasses answer what reports and rules ask of a tensor (``dtype``,
+    ``shape``, ``numel()``, ``element_size()``, ``stride()``,
+    ``storage_offset()``); ``ckptport.tensors`` reads their bytes.
+    """
+
+    __slots__ = ()
+
+
+def is_tensor(value: object) -> bool:
+    """True for ckptport's leaves and torch tensors, never importing torch."""
+    if isinstance(value, Leaf):
+        return True
+    if not type(value).__module__.startswith("torch"):
+        return False
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+@dataclass(frozen=True)
+class GlobalRef:
+    """A global the pickle uses as a value (``typing.Any``); it was never imported."""
+
+    name: str
+    dangerous: bool = False
+
+
+@dataclass(eq=False)
+class ObjectRecord:
+    """An instance of a class outside the allow-list, or a call ckptport did not make.
+
+    ``kind`` is ``instance`` (built the way classes are: ``NEWOBJ``, or a
+    class called with arguments) or ``call`` (a function the file calls).
+    ``args``/``kwargs`` are what it was created with; ``state`` what
+    ``BUILD`` set; ``items``/``listitems`` what ``SETITEMS``/``APPENDS``
+    added. Nothing of it was ever run; it is the file's data, by name.
+    """
+
+    name: str
+    kind: str = "instance"
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    state: Any = None
+    items: dict[Any, Any] = field(default_factory=dict)
+    listitems: list[Any] = field(default_factory=list)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Backref:
+    """Where a reference cycle (``child._parent`` back to its parent) was cut."""
+
+    target: str
+
+
+def type_name(value: Any) -> str:
+    """A value's type as reports name it: the recorded class for records, never "ObjectRecord"."""
+    if isinstance(value, ObjectRecord):
+        return value.name
+    if isinstance(value, GlobalRef):
+        return f"global {value.name}"
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
+    """A record's data as named entries, the way ``inspect`` shows and ``--select`` walks it.
+
+    The usual ``__dict__`` state is spread into attribute names
+    (``model._modules.lstm``); other parts keep their own names.
+    """
+    parts = [(name, value) for name, value in (
+        ("args", record.args), ("kwargs", record.kwargs), ("items", record.items),
+        ("list", record.listitems)) if value]
+    state = record.state
+    if isinstance(state, dict) and all(isinstance(k, str) for k in state):
+        return parts + [(k, v) for k, v in state.items() if k not in dict(parts)]
+    if state is not None:
+        parts.append(("state", state))
+    return parts
+
+
+def children(node: Any) -> list[tuple[Any, Any]] | None:
+    """(key, child) pairs of a container, or None for a leaf.
+
+    Dicts by key, lists and tuples by index, records by part, namespaces by
+    attribute. Sets hold only hashable leaves, so nothing is below them.
+    """
+    if isinstance(node, Mapping):
+        return list(node.items())
+    if isinstance(node, (list, tuple)):
+        return list(enumerate(node))
+    if isinstance(node, ObjectRecord):
+        return record_parts(node)
+    if isinstance(node, argparse.Namespace):
+        return list(vars(node).items())
+    return None
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})
+
+
+def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+    """Every node (containers first, then what they hold) with its path, in tree order."""
+    stack: list[tuple[KeyPath, Any]] = [(prefix, tree)]
+    while stack:
+        path, node = stack.pop()
+        yield path, node
+        if type(node) in _SCALARS:
+            continue
+        below = children(node)
+        if below:
+            stack.extend(((*path, key), child) for key, child in reversed(below))
+
+
+def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+    """Every tensor leaf with its path, in the tree's own order, inside records too."""
+    stack: list[tuple[KeyPath, Any]] = [(prefix, tree)]
+    while stack:
+        path, node = stack.pop()
+        kind = type(node)
+        if kind in _SCALARS:
+            continue
+        if is_tensor(node):
+            yield path, node
+            continue
+        below = children(node)
+        if below:
+            stack.extend(((*path, key), child) for key, child in reversed(below)
+                         if type(child) not in _SCALARS)
+
+
+def rebuild_dict(original: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A dict of the same kind as ``original`` holding ``items``.
+
+    A state dict is an ``OrderedDict`` carrying ``_metadata`` (module
+    versions BatchNorm and others read on load); rebuilding must keep both.
+    """
+    if isinstance(original, OrderedDict):
+        rebuilt: dict[Any, Any] = OrderedDict(items)
+        metadata = getattr(original, "_metadata", None)
+        if metadata is not None:
+            rebuilt._metadata = metadata  # type: ignore[attr-defined]
+        return rebuilt
+    return dict(items)
+
+
+def map_tree(tree: Any, leaf: Callable[[KeyPath, Any], Any], prefix: KeyPath = ()) -> Any:
+    """Rebuild ``tree`` with ``leaf(path, value)`` applied to every non-container.
+
+    Containers are rebuilt (dict kinds and ``_metadata`` kept; records and
+    namespaces copied), so rules never change the reader's tree in place.
+    """
+    if isinstance(tree, Mapping):
+        return rebuild_dict(tree, [(k, map_tree(v, leaf, (*prefix, k))) for k, v in tree.items()])
+    if isinstance(tree, list):
+        return [map_tree(v, leaf, (*prefix, i)) for i, v in enumerate(tree)]
+    if type(tree) is tuple:
+        return tuple(map_tree(v, leaf, (*prefix, i)) for i, v in enumerate(tree))
+    if isinstance(tree, ObjectRecord):
+        return _map_record(tree, leaf, prefix)
+    if isinstance(tree, argparse.Namespace):
+        return argparse.Namespace(**{k: map_tree(v, leaf, (*prefix, k))
+                                     for k, v in vars(tree).items()})
+    return leaf(prefix, tree)
+
+
+def _map_record(record: ObjectRecord, leaf: Callable[[KeyPath, Any], Any],
+                prefix: KeyPath) -> ObjectRecord:
+    spread = isinstance(record.state, dict) and all(isinstance(k, str) for k in record.state)
+    state_prefix = prefix if spread else (*prefix, "state")
+    return ObjectRecord(
+        record.name, record.kind,
+        args=map_tree(record.args, leaf, (*prefix, "args")),
+        kwargs=map_tree(record.kwargs, leaf, (*prefix, "kwargs")),
+        state=map_tree(record.state, leaf, state_prefix),
+        items=map_tree(record.items, leaf, (*prefix, "items")),
+        listitems=map_tree(record.listitems, leaf, (*prefix, "list")),
+    )
+
+
+def is_state_dict(value: Any) -> bool:
+    """A non-empty mapping of string keys to tensors or plain leaves, holding a tensor."""
+    if not isinstance(value, Mapping) or not value:
+        return False
+    has_tensor = False
+    for key, item in value.items():
+        if not isinstance(key, str) or isinstance(item, (Mapping, list, tuple, ObjectRecord)):
+            return False
+        has_tensor = has_tensor or is_tensor(item)
+    return has_tensor

@@ -1,0 +1,198 @@
+"""The allow-list: every global ckptport builds, each through a wrapper that checks its arguments.
+
+Only names in this table map to something a pickle can call or use; the
+callables are ckptport's wrappers (``Allowed``), which refuse arguments that
+would allocate from the file's say-so (``bytearray(10**12)``), iterate
+something lazy, or build an object in an unusual way. Real classes appear
+only where building them runs none of their code and their state is plain
+data (``OrderedDict``, ``Counter``); ``argparse.Namespace`` is a read-only
+subclass, so a ``BUILD`` on the class cannot change the real one. torch's and
+numpy's names come from ``torch_values`` and ``numpy_values``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from functools import cache
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
+
+from .numpy_values import numpy_table
+from .torch_values import torch_table
+from .values import Allowed, BytesRecord, DefaultDict, Marker, Namespace, Recorded, Refusal
+
+__all__ = ["table", "allowed_names"]
+
+
+def _concrete(value: Any, what: str) -> Any:
+    if type(value) not in (list, tuple, set, frozenset, dict, str, bytes, bytearray):
+        raise Refusal(f"{what} takes a list, not {type(value).__name__}")
+    return value
+
+
+def _collection(kind: type) -> Callable[..., Any]:
+    def build(items: Any = ()) -> Any:
+        return kind(_concrete(items, kind.__name__))
+
+    return build
+
+
+def _mapping(kind: type) -> Callable[..., Any]:
+    """OrderedDict and Counter from what their pickles pass: nothing, pairs or a dict."""
+    def build(items: Any = ()) -> Any:
+        if type(items) not in (list, tuple, dict):
+            raise Refusal(f"{kind.__name__} takes a list of pairs, not "
+                          f"{type(items).__name__}")
+        return kind(items)
+
+    return build
+
+
+def _bytes_call(kind: type) -> Callable[..., Any]:
+    def build(data: Any = b"", encoding: Any = None) -> Any:
+        if isinstance(data, str) and encoding in ("latin1", "latin-1"):
+            return kind(data.encode("latin-1"))
+        if isinstance(data, (bytes, bytearray)):
+            return kind(data)
+        if type(data) is list and all(type(v) is int and 0 <= v < 256 for v in data):
+            return kind(data)
+        raise Refusal(f"{kind.__name__} takes bytes, not {type(data).__name__} (a size would "
+                      "allocate from the file's say-so)")
+
+    return build
+
+
+def _scalar_call(kind: type) -> Callable[..., Any]:
+    def build(*args: Any) -> Any:
+        if len(args) > 1 or any(type(a) not in (int, float, str, bool) or
+                                (isinstance(a, str) and len(a) > 4096) for a in args):
+            raise Refusal(f"{kind.__name__} takes one number or short string")
+        return kind(*args)
+
+    return build
+
+
+def _complex(*args: Any) -> complex:
+    if len(args) > 2 or not all(type(a) in (int, float) for a in args):
+        raise Refusal("complex takes numbers")
+    return complex(*args)
+
+
+def _slice(*args: Any) -> slice:
+    if len(args) > 3 or not all(a is None or type(a) is int for a in args):
+        raise Refusal("slice takes ints")
+    return slice(*args)
+
+
+def _range(*args: Any) -> range:
+    if not 1 <= len(args) <= 3 or not all(type(a) is int for a in args):
+        raise Refusal("range takes ints")
+    return range(*args)
+
+
+def _type_tag(value: Any, tag: Any) -> Any:
+    """TorchScript's annotation of a container's element type: the value is the data."""
+    if not isinstance(tag, str):
+        raise Refusal("restore_type_tag takes a type name")
+    return value
+
+
+def _encode(text: Any, encoding: Any = "latin1") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it for ``bytes``: latin-1 text only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise Refusal("_codecs.encode takes (str, 'latin1')")
+    return text.encode("latin-1")
+
+
+def _defaultdict(factory: Any = None) -> DefaultDict:
+    made = DefaultDict()
+    made.default_factory = factory  # named in reports; never called
+    return made
+
+
+def _path(kind: type) -> Callable[..., str]:
+    def build(*parts: Any) -> str:
+        if not all(isinstance(p, str) for p in parts):
+            raise Refusal("a path takes strings")
+        return str(kind(*parts))
+
+    return build
+
+
+def _new(cls: Any, args: tuple[Any, ...]) -> Any:
+    """What ``cls.__new__(cls, *args)`` makes, for the classes a pickle may create that way."""
+    if isinstance(cls, type) and issubclass(cls, Recorded):
+        return cls.__new__(cls, *args)
+    if cls is Namespace and not args:
+        return Namespace()
+    raise Refusal("creates an object ckptport does not create that way")
+
+
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    if not (isinstance(base, Marker) and base.name == "builtins.object"):
+        raise Refusal("copyreg._reconstructor over a base other than object")
+    return _new(cls, () if state is None else (state,))
+
+
+def _newobj(cls: Any, *args: Any) -> Any:
+    return _new(cls, args)
+
+
+def _newobj_ex(cls: Any, args: Any, kwargs: Any) -> Any:
+    if not isinstance(args, tuple) or kwargs:
+        raise Refusal("copyreg.__newobj_ex__ with keyword arguments")
+    return _new(cls, args)
+
+
+def _plain_table() -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "collections.OrderedDict": Allowed("collections.OrderedDict", _mapping(
+            collections.OrderedDict)),
+        "collections.Counter": Allowed("collections.Counter", _mapping(collections.Counter)),
+        "argparse.Namespace": Namespace,
+        "collections.defaultdict": Allowed("collections.defaultdict", _defaultdict),
+        "builtins.set": Allowed("builtins.set", _collection(set)),
+        "builtins.frozenset": Allowed("builtins.frozenset", _collection(frozenset)),
+        "builtins.tuple": Allowed("builtins.tuple", _collection(tuple)),
+        "builtins.list": Allowed("builtins.list", _collection(list)),
+        "builtins.dict": Allowed("builtins.dict", _collection(dict)),
+        "builtins.bytearray": Allowed("builtins.bytearray", _bytes_call(bytearray)),
+        "builtins.bytes": Allowed("builtins.bytes", _bytes_call(bytes)),
+        "builtins.complex": Allowed("builtins.complex", _complex),
+        "builtins.slice": Allowed("builtins.slice", _slice),
+        "builtins.object": Marker("builtins.object", "type"),
+        "_codecs.encode": Allowed("_codecs.encode", _encode),
+        "copyreg._reconstructor": Allowed("copyreg._reconstructor", _reconstructor),
+        "copyreg.__newobj__": Allowed("copyreg.__newobj__", _newobj),
+        "copyreg.__newobj_ex__": Allowed("copyreg.__newobj_ex__", _newobj_ex),
+        "io.BytesIO": BytesRecord,
+        "_io.BytesIO": BytesRecord,
+    }
+    table["builtins.range"] = Allowed("builtins.range", _range)
+    for name in ("build_intlist", "build_doublelist", "build_boollist", "build_tensorlist"):
+        table[f"torch.jit._pickle.{name}"] = Allowed(f"torch.jit._pickle.{name}",
+                                                     _collection(list))
+    table["torch.jit._pickle.restore_type_tag"] = Allowed("torch.jit._pickle.restore_type_tag",
+                                                          _type_tag)
+    for kind in (int, float, str, bool):
+        table[f"builtins.{kind.__name__}"] = Allowed(f"builtins.{kind.__name__}",
+                                                     _scalar_call(kind))
+    paths: tuple[tuple[str, type], ...] = (
+        ("PosixPath", PurePosixPath), ("PurePosixPath", PurePosixPath),
+        ("WindowsPath", PureWindowsPath), ("PureWindowsPath", PureWindowsPath),
+        ("Path", PurePosixPath))
+    for name, path_kind in paths:
+        table[f"pathlib.{name}"] = Allowed(f"pathlib.{name}", _path(path_kind))
+    return table
+
+
+@cache
+def table() -> dict[str, Any]:
+    """Qualified name -> what a pickle gets for it."""
+    return {**_plain_table(), **torch_table(), **numpy_table()}
+
+
+def allowed_names() -> frozenset[str]:
+    """Every global ckptport builds (through a checked wrapper) or keeps as a value."""
+    return frozenset(table())

@@ -1,0 +1,228 @@
+"""A bounded walk over a pickle's opcodes before anything unpickles it.
+
+CPython's C unpickler allocates what an opcode declares before checking the
+data holds it (``BINBYTES8``, ``BYTEARRAY8``), grows its memo to whatever
+index ``LONG_BINPUT`` names (a 10-byte pickle can ask for 32 GB), and
+hashes nested tuples recursively in C (a megabyte of ``TUPLE1`` opcodes
+overflows the C stack). This walk reads only opcode codes and argument
+lengths, so it costs a fraction of unpickling, and refuses before any
+allocation:
+
+- argument lengths past the end of the data, memo indexes beyond the data's
+  size, FRAMEs that lie, nest or are crossed by an opcode;
+- opcodes torch cannot load either (``EXT*``, out-of-band buffers),
+  ``PROTO`` anywhere but first, unknown opcodes;
+- a pickle with no ``STOP``.
+
+It also returns an upper bound on how deep tuples can nest, from a count
+of the bytes that can build one; the engine sizes its C stack from it.
+"""
+
+from __future__ import annotations
+
+import pickletools
+import re
+from dataclasses import dataclass
+
+__all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "executes_before"]
+
+
+class ScanError(ValueError):
+    """The pickle is malformed at ``position``; nothing there may be unpickled."""
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A well-formed pickle: ``start``..``end`` (just past ``STOP``), its protocol."""
+
+    start: int
+    end: int
+    protocol: int
+
+
+_FIXED, _NEWLINE, _TWO_LINES, _COUNTED1, _COUNTED4, _COUNTED8 = range(6)
+_STOP, _PROTO, _FRAME, _LONG_BINPUT, _REFUSED = 6, 7, 8, 9, 10
+_REFUSED_OPS = {"EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
+
+
+def _tables() -> tuple[list[int], list[int], list[str]]:
+    """Per opcode byte: how it is skipped, how many fixed bytes, and its name."""
+    kind, width, names = [-1] * 256, [0] * 256, [""] * 256
+    for op in pickletools.opcodes:
+        code = ord(op.code.encode("latin-1"))
+        names[code] = op.name
+        arg = op.arg
+        if op.name in _REFUSED_OPS:
+            kind[code] = _REFUSED
+        elif op.name == "STOP":
+            kind[code] = _STOP
+        elif op.name == "PROTO":
+            kind[code], width[code] = _PROTO, 1
+        elif op.name == "FRAME":
+            kind[code], width[code] = _FRAME, 8
+        elif op.name == "LONG_BINPUT":
+            kind[code], width[code] = _LONG_BINPUT, 4
+        elif arg is None:
+            kind[code] = _FIXED
+        elif arg.n >= 0:
+            kind[code], width[code] = _FIXED, arg.n
+        elif arg.n == pickletools.UP_TO_NEWLINE:
+            kind[code] = _TWO_LINES if op.name in ("GLOBAL", "INST") else _NEWLINE
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT1:
+            kind[code] = _COUNTED1
+        elif arg.n in (pickletools.TAKEN_FROM_ARGUMENT4, pickletools.TAKEN_FROM_ARGUMENT4U):
+            kind[code] = _COUNTED4
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT8U:
+            kind[code] = _COUNTED8
+    return kind, width, names
+
+
+_KIND, _WIDTH, _NAMES = _tables()
+# fixed-size opcodes skip in one table lookup: 1 + their argument bytes
+_STEP = [1 + _WIDTH[c] if _KIND[c] == _FIXED else 0 for c in range(256)]
+# bytes whose opcode builds a tuple or calls something that may (tuple(), NEWOBJ...)
+_TUPLE_MAKERS = tuple(bytes([ord(op.code.encode("latin-1"))]) for op in pickletools.opcodes
+                      if op.name in {"TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "FROZENSET",
+                                     "REDUCE", "NEWOBJ", "NEWOBJ_EX", "OBJ", "INST"})
+
+
+def tuple_depth_bound(data: bytes | memoryview, start: int, end: int) -> int:
+    """No tuple in the pickle can nest deeper than this (each level needs its own opcode)."""
+    region = bytes(data[start:end])
+    return sum(region.count(maker) for maker in _TUPLE_MAKERS)
+
+
+def _counted(data: bytes, pos: int, width: int, end: int) -> int:
+    """Past an opcode whose argument is a length and that many bytes; the length checked."""
+    start = pos + 1 + width
+    if start > end:
+        raise IndexError(pos)
+    declared = int.from_bytes(data[pos + 1:start], "little")
+    if declared > end - start:
+        raise ScanError(f"a pickle opcode at byte {pos} declares {declared} bytes, past the end "
+                        f"of the data ({end - start} remain)", pos)
+    return start + declared
+
+
+def scan(data: bytes, start: int = 0) -> Scan:
+    """Walk one pickle from ``start``; raise ``ScanError`` where it goes wrong."""
+    end = len(data)
+    kind, step = _KIND, _STEP
+    memo_limit = end  # a real memo index is below the number of opcodes, below the size
+    pos = start
+    protocol = 0
+    if pos < end and _NAMES[data[pos]] == "PROTO":
+        if pos + 1 >= end or data[pos + 1] > 5:
+            shown = data[pos + 1] if pos + 1 < end else "?"
+            raise ScanError(f"unsupported pickle protocol {shown}", pos)
+        protocol = data[pos + 1]
+        pos += 2
+    frame_end = -1
+    try:
+        while True:
+            op = data[pos]
+            skip = step[op]
+            if skip and frame_end < 0:
+                pos += skip
+                continue
+            at = pos
+            k = kind[op]
+            if k == _FIXED:
+                pos += skip
+            elif k == _COUNTED4:
+                pos = _counted(data, pos, 4, end)
+            elif k == _COUNTED1:
+                pos = _counted(data, pos, 1, end)
+            elif k == _LONG_BINPUT:
+                index = int.from_bytes(data[pos + 1:pos + 5], "little")
+                if index > memo_limit:
+                    raise ScanError(f"LONG_BINPUT at byte {at} names memo slot {index} of a "
+                                    f"{end}-byte pickle (a memory bomb)", at)
+                pos += 5
+            elif k == _NEWLINE:
+                pos = data.index(b"\n", pos + 1) + 1
+            elif k == _TWO_LINES:
+                pos = data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
+            elif k == _COUNTED8:
+                pos = _counted(data, pos, 8, end)
+            elif k == _STOP:
+                if at + 1 < frame_end:
+                    raise ScanError(f"the pickle stops at byte {at}, {frame_end - at - 1} bytes "
+                                    "before its FRAME ends (data hidden after STOP)", at)
+                return Scan(start, at + 1, protocol)
+            elif k == _FRAME:
+                if at < frame_end:
+                    raise ScanError(f"a FRAME at byte {at} starts inside another frame", at)
+                size = int.from_bytes(data[pos + 1:pos + 9], "little")
+                pos += 9
+                if size > end - pos:
+                    raise ScanError(f"a FRAME at byte {at} claims {size} bytes but only "
+                                    f"{end - pos} remain", at)
+                frame_end = pos + size
+                continue
+            elif k == _PROTO:
+                raise ScanError(f"PROTO at byte {at}, after the pickle started", at)
+            elif k == _REFUSED:
+                raise ScanError(f"pickle opcode {_NAMES[op]} at byte {at} is not supported "
+                                "(torch cannot load it either)", at)
+            else:
+                raise ScanError(f"byte {at} holds {op:#04x}, not a pickle opcode", at)
+            if pos > end:
+                raise ScanError(f"a pickle opcode at byte {at} declares {pos - at} bytes, "
+                                f"past the end of the data ({end - at} remain)", at)
+            if 0 <= frame_end < pos:
+                if at < frame_end:
+                    raise ScanError(f"an opcode at byte {at} crosses the end of its FRAME", at)
+                frame_end = -1
+    except (IndexError, ValueError) as exc:  # ran off the end: index() or data[pos]
+        if isinstance(exc, ScanError):
+            raise
+        raise ScanError(f"the pickle ends at byte {end} without STOP (truncated)",
+                        pos) from None
+
+
+_ACTING = frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opcodes
+                    if op.name in {"STACK_GLOBAL", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX",
+                                   "BUILD", "EXT1", "EXT2", "EXT4"})
+_IMPORTING = frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opcodes
+                       if op.name in {"GLOBAL", "INST"})
+_DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def executes_before(data: bytes, end: int) -> bool:
+    """Whether the well-formed opcodes of ``data[:end]`` import or call anything.
+
+    ``end`` is where ``scan`` stopped; a full unpickler runs every opcode
+    before it, so a broken pickle can still act.
+    """
+    pos = 2 if data[:1] == b"\x80" else 0
+    while pos < end:
+        op = data[pos]
+        if op in _ACTING:
+            return True
+        if op in _IMPORTING:  # imports only a module and name Python could import
+            first = data.find(b"\n", pos + 1)
+            second = data.find(b"\n", first + 1) if first >= 0 else -1
+            return 0 <= second < end and all(
+                _DOTTED.fullmatch(part) for part in (data[pos + 1:first], data[first + 1:second]))
+        kind = _KIND[op]
+        if kind == _FIXED or kind in (_PROTO, _FRAME, _LONG_BINPUT):
+            pos += 1 + _WIDTH[op]
+        elif kind == _COUNTED1:
+            pos += 2 + data[pos + 1]
+        elif kind == _COUNTED4:
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+        elif kind == _COUNTED8:
+            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+        elif kind == _NEWLINE:
+            newline = data.find(b"\n", pos + 1)
+            if newline < 0:
+                return False
+            pos = newline + 1
+        else:
+            return False
+    return False

@@ -1,0 +1,156 @@
+"""Publish a file or a folder all at once or not at all: the one staging helper.
+
+Everything a writer makes goes into a temp file or temp folder beside the
+destination (same filesystem, so the final rename is atomic), is fsynced
+and verified there, and only then appears under the destination's name.
+On any error, Ctrl-C or SIGTERM (the CLI turns it into an exception) the
+temp file or folder is removed and the destination is untouched.
+
+- A file is published with a hard link when there is no ``overwrite``,
+  which fails rather than replace a file another process made first; with
+  ``overwrite`` by an atomic rename over it.
+- A folder (a DCP checkpoint) replaces an existing one by moving the old
+  one aside, renaming the new one in and only then removing the old.
+- A shard set is staged in a temp folder inside DST; its files move in
+  one by one, the index last, so an index never names an incomplete shard.
+
+New files and folders get the permissions ``open()`` and ``mkdir()`` would
+give them (the umask), or those of the file they replace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import OutputError
+
+__all__ = ["StagedFile", "staged_file", "staged_folder", "publish_folder", "fsync_dir",
+           "TEMP_SUFFIX", "os_error"]
+
+TEMP_SUFFIX = ".ckptport-tmp"
+
+
+def os_error(exc: OSError, path: Path) -> OutputError:
+    """An OS failure while writing, in the words users search for."""
+    if isinstance(exc, PermissionError):
+        return OutputError("permission denied", path)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"cannot write: {exc.strerror or exc} (disk full?)", path)
+    return OutputError(f"cannot write: {exc.strerror or exc}", path)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _mode_for(dst: Path) -> int:
+    """The replaced file's mode, else what ``open()`` would give (mkstemp uses 0600)."""
+    try:
+        return dst.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StagedFile:
+    """A temp file beside ``dst``: write ``file``, ``sync``, verify ``tmp``, then ``publish``."""
+
+    def __init__(self, dst: Path, file: BinaryIO, tmp: Path, overwrite: bool) -> None:
+        self.dst, self.file, self.tmp, self.overwrite = dst, file, tmp, overwrite
+
+    def sync(self) -> None:
+        """Flush and fsync, so what is verified is what the disk holds."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def publish(self) -> None:
+        if self.overwrite:
+            os.replace(self.tmp, self.dst)
+        else:
+            try:
+                os.link(self.tmp, self.dst)
+            except FileExistsError:
+                raise OutputError("exists (appeared while writing); pass --overwrite to replace "
+                                  "it", self.dst) from None
+            except OSError as exc:  # filesystems without hard links
+                if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                if self.dst.exists():
+                    raise OutputError("exists; pass --overwrite to replace it", self.dst) from None
+                os.rename(self.tmp, self.dst)
+            else:
+                self.tmp.unlink()
+        fsync_dir(self.dst.parent)
+
+
+@contextlib.contextmanager
+def staged_file(dst: Path, *, overwrite: bool) -> Iterator[StagedFile]:
+    """Yield a ``StagedFile``; anything escaping the block removes the temp file."""
+    try:
+        fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=TEMP_SUFFIX)
+    except FileNotFoundError:
+        raise OutputError("folder does not exist", dst.parent) from None
+    except PermissionError:
+        raise OutputError("permission denied creating a file in this folder", dst.parent) from None
+    except OSError as exc:
+        raise os_error(exc, dst.parent) from None
+    tmp = Path(name)
+    os.fchmod(fd, _mode_for(dst))
+    file = os.fdopen(fd, "wb")
+    try:
+        yield StagedFile(dst, file, tmp, overwrite)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # flushing a full disk fails again
+            file.close()
+        raise
+    with contextlib.suppress(OSError):
+        file.close()
+    tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged_folder(parent: Path, name: str) -> Iterator[Path]:
+    """A temp folder in ``parent`` (normal permissions), removed however the block ends."""
+    try:
+        staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=TEMP_SUFFIX))
+    except FileNotFoundError:
+        raise OutputError("folder does not exist", parent) from None
+    except OSError as exc:
+        raise os_error(exc, parent) from None
+    os.chmod(staging, 0o777 & ~_umask())
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_folder(staging: Path, folder: Path) -> None:
+    """Rename ``staging`` to ``folder``, moving an existing ``folder`` aside first."""
+    old = None
+    if folder.exists():
+        old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old.",
+                                    suffix=TEMP_SUFFIX))
+        os.replace(folder, old / folder.name)
+    os.rename(staging, folder)
+    fsync_dir(folder.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,156 @@
+"""The extension points: a reader, a rule, a writer, a check code and a report format each
+take one class plus one registration, and nothing else in ckptport changes.
+
+Each test registers a small one (with ``monkeypatch``, so the registry is
+restored) and runs the real command through it; the README's Architecture
+section points here.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+import torch
+
+import ckptport
+import ckptport.commands.check as check_module
+import ckptport.readers as readers
+import ckptport.render as render
+import ckptport.writers as writers
+from ckptport.checkpoint import Checkpoint, Format, SourceFacts
+from ckptport.dtypes import by_name
+from ckptport.errors import OutputError
+from ckptport.rules import Change, NormalizeOptions, RuleResult, build_rules
+from ckptport.tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
+from ckptport.writers.plan import Target
+from tests.helpers import same_bits
+
+TOY_MAGIC = b"TOYW"
+
+
+def _toy_file(path: Path, values: list[float]) -> Path:
+    """A toy container: magic, a count, then float32 values (one tensor named ``w``)."""
+    path.write_bytes(TOY_MAGIC + struct.pack("<I", len(values))
+                     + struct.pack(f"<{len(values)}f", *values))
+    return path
+
+
+class ToyReader:
+    """A reader for the toy container: it names its own format and claims by bytes."""
+
+    format = Format("toy-weights")
+
+    def claims(self, source: readers.Source) -> bool:
+        return source.file is not None and source.file.read(0, 4) == TOY_MAGIC
+
+    def load(self, source: readers.Source, options: readers.ReadOptions) -> Checkpoint:
+        assert source.file is not None
+        (count,) = struct.unpack("<I", source.file.read(4, 4))
+        dtype = by_name("float32")
+        assert dtype is not None
+        storage = StorageInfo("0", "cpu", dtype, 4 * count, Blob(source.file, 8, 4 * count))
+        tensor = TensorInfo(dtype, (count,), contiguous_strides((count,)), 0, storage)
+        return Checkpoint({"w": tensor}, SourceFacts(source.main, self.format, source.file.size))
+
+
+def test_a_reader_is_one_class_and_one_registration(monkeypatch, tmp_path, run):
+    monkeypatch.setattr(readers, "READERS", (*readers.READERS, ToyReader()))
+    src = _toy_file(tmp_path / "weights.toy", [1.0, -2.5, 3.0])
+    out = tmp_path / "out.safetensors"
+    assert ckptport.normalize_file(src, out).output.verified
+    assert same_bits(ckptport.load_state_dict(out)["w"], torch.tensor([1.0, -2.5, 3.0]))
+    shown = run("inspect", src, "--format", "json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["format"] == "toy-weights"
+    gated = run("check", src, "--require-format", "safetensors", "--format", "json")
+    assert "format toy-weights" in gated.stdout
+
+
+@dataclass(frozen=True)
+class Negate:
+    """A rule: it returns the new checkpoint and what it changed."""
+
+    name: str = "negate"
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        tree = {k: -v for k, v in ckptport.materialize(checkpoint).tree.items()}
+        changes = tuple(Change(k, "negated", "x -> -x") for k in tree)
+        return checkpoint.with_tree(tree), RuleResult(self.name, changes, "negated")
+
+
+def test_a_rule_is_one_class_and_one_place_in_the_list(fx):
+    rules = [*build_rules(NormalizeOptions()), Negate()]
+    result = ckptport.normalize(ckptport.read(fx["plain"]), rules=rules)
+    assert result.result("negate") is not None and result.result("negate").changed
+    original = ckptport.load_state_dict(fx["plain"])
+    assert all(same_bits(result.checkpoint.tree[k], -v) for k, v in original.items())
+
+
+class JsonLinesFile:
+    """A file format: write a tree into an open file, then check what was written."""
+
+    def write(self, tree: Any, file: BinaryIO, dst: Path, options: Any, advance: Any) -> int:
+        lines = [json.dumps({"key": k, "values": v.tolist()}) for k, v in tree.items()]
+        file.write("\n".join(lines).encode())
+        return len(lines)
+
+    def verify(self, path: Path, tree: Any, written: int, options: Any, advance: Any) -> None:
+        assert len(path.read_text().splitlines()) == written == len(tree)
+
+
+def test_a_writer_is_one_class_and_one_registration(monkeypatch, fx, tmp_path):
+    monkeypatch.setitem(writers.FILE_FORMATS, Target.DCP, f"{__name__}:JsonLinesFile")
+    checkpoint = ckptport.normalize(ckptport.read(fx["plain"])).checkpoint
+    out = tmp_path / "weights.jsonl"
+    with writers.staged_file(out, overwrite=False) as staged:
+        writers.emit(Target.DCP, checkpoint.tree, staged, writers.WriteOptions())
+        staged.publish()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["key"] for r in rows] == list(checkpoint.tree)
+
+
+def test_an_unknown_or_impossible_output_format_is_an_error_naming_it(fx, tmp_path):
+    checkpoint = ckptport.read(fx["plain"])
+    with pytest.raises(OutputError, match="unknown output format 'onnx'"):
+        ckptport.write(checkpoint, tmp_path / "x.bin", fmt="onnx")
+    with pytest.raises(OutputError, match="a DCP checkpoint is a folder"):
+        ckptport.write(checkpoint, tmp_path / "x.bin", fmt="dcp")
+    ckptport.write(checkpoint, tmp_path / "dcp", fmt="dcp")  # a folder: written, verified
+    assert (tmp_path / "dcp" / ".metadata").is_file()
+    assert not (tmp_path / "x.bin").exists()
+
+
+def _odd_sized(file: check_module.FileUnderCheck) -> Any:
+    for key, tensor in file.checkpoint.tensors():
+        if tensor.numel() % 2:
+            yield ".".join(map(str, key)), f"{tensor.numel()} elements, an odd number"
+
+
+def test_a_check_code_is_one_function_and_one_entry(monkeypatch, fx, run):
+    code = check_module.CheckCode("CKP900", "odd-sized", "warning", "tensors of odd size",
+                                  "a toy", "none", _odd_sized)
+    monkeypatch.setitem(check_module.CODES, "CKP900", code)
+    report = ckptport.check(fx["plain"], codes=["CKP900"])
+    assert report.findings and {f.code for f in report.files[0].findings} == {"CKP900"}
+
+
+class CsvFormatter:
+    """A report format: a name, the commands it renders, a method per report."""
+
+    name = "csv"
+    commands = frozenset({"check"})
+
+    def check(self, report: Any) -> str:
+        return "\n".join(f"{f.code},{f.path.name},{f.key or ''}"
+                         for r in report.files for f in r.findings)
+
+
+def test_a_report_format_is_one_class_and_one_entry(monkeypatch, fx):
+    monkeypatch.setattr(render, "FORMATTERS", (*render.FORMATTERS, CsvFormatter()))
+    assert "csv" in render.formats_for("check") and "csv" not in render.formats_for("diff")
+    text = render.formatter("csv").check(ckptport.check(fx["ddp_cuda3"]))
+    assert text.splitlines()[0].startswith("CKP001,ddp_cuda3.pth,")
