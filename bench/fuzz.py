@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fixtures.fuzz import fuzz, seeds  # noqa: E402
+from fixtures.corpus import build_corpus  # noqa: E402
+from fixtures.fuzz import corpus_seeds, fuzz, seeds  # noqa: E402
 from fixtures.make_fixtures import build  # noqa: E402
 
 
@@ -32,10 +33,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         fixtures = build(work / "fixtures", work / "SENTINEL")
+        corpus = build_corpus(work / "corpus", work / "SENTINEL")
+        all_seeds = seeds(fixtures, work / "seeds") + corpus_seeds(
+            {name: case.path for name, case in corpus.items()})
+        print(f"{len(all_seeds)} seeds (fixtures and the hostile corpus)", flush=True)
         distinct: dict[str, list[str]] = collections.defaultdict(list)
         run = 0
-        for case, finding in fuzz(seeds(fixtures, work / "seeds"), args.cases, args.out,
-                                  args.seed, until):
+        for case, finding in fuzz(all_seeds, args.cases, args.out, args.seed, until):
             run = case + 1
             if finding is not None:
                 signature = f"{finding.seed}: {finding.kind}: {finding.detail.splitlines()[0]}"

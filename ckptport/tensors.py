@@ -216,10 +216,12 @@ class Pending(_TensorLike):
 ViewKey = tuple[Any, ...]
 
 
-def group_by_storage(tree: Any) -> dict[int, list[tuple[KeyPath, Any]]]:
-    """Tensor leaves grouped by the storage behind them, in tree order (empty ones apart)."""
+def group_by_storage(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
+                     ) -> dict[int, list[tuple[KeyPath, Any]]]:
+    """Tensor leaves grouped by the storage behind them, in tree order (empty ones apart);
+    ``tensors`` when the tree's were already collected."""
     groups: dict[int, list[tuple[KeyPath, Any]]] = {}
-    for path, leaf in iter_tensors(tree):
+    for path, leaf in iter_tensors(tree) if tensors is None else tensors:
         key = storage_key(leaf)
         groups.setdefault(id(leaf) if key is None else key, []).append((path, leaf))
     return groups

@@ -130,24 +130,31 @@ def record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
     return parts
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})
+
+
 def children(node: Any) -> list[tuple[Any, Any]] | None:
     """(key, child) pairs of a container, or None for a leaf.
 
     Dicts by key, lists and tuples by index, records by part, namespaces by
     attribute. Sets hold only hashable leaves, so nothing is below them.
     """
+    kind = type(node)
+    if kind is dict or kind is OrderedDict:  # the common cases first: files hold millions
+        return list(node.items())
+    if kind is list or kind is tuple:
+        return list(enumerate(node))
+    if kind in _SCALARS:
+        return None
+    if isinstance(node, ObjectRecord):
+        return record_parts(node)
     if isinstance(node, Mapping):
         return list(node.items())
     if isinstance(node, (list, tuple)):
         return list(enumerate(node))
-    if isinstance(node, ObjectRecord):
-        return record_parts(node)
     if isinstance(node, argparse.Namespace):
         return list(vars(node).items())
     return None
-
-
-_SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})
 
 
 def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:

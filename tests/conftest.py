@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -20,6 +21,14 @@ def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def fx(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Path]:
     return build(tmp_path_factory.mktemp("fixtures"), sentinel)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Any]:
+    """The hostile corpus (``fixtures/corpus.py``), built once per session."""
+    from fixtures.corpus import build_corpus
+
+    return build_corpus(tmp_path_factory.mktemp("corpus"), sentinel)
 
 
 @pytest.fixture

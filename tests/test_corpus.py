@@ -33,16 +33,11 @@ from click.testing import Result
 
 import ckptport
 from ckptport.errors import CkptportError
-from fixtures.corpus import CASE_NAMES, KINDS, VERDICTS, Case, build_corpus
+from fixtures.corpus import CASE_NAMES, KINDS, VERDICTS, Case
 from tests.helpers import same_bits
 
 MAX_CASE_BYTES = 512 * 1024  # "a few hundred KB"; sizes that matter are declared, not written
 CASE_SECONDS = 10  # every command on one case together; issue 12 counts a 10 s hang as a finding
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Case]:
-    return build_corpus(tmp_path_factory.mktemp("corpus"), sentinel)
 
 
 @contextlib.contextmanager

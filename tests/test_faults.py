@@ -23,8 +23,11 @@ from tests.helpers import sha256
 # A child that runs the CLI with a writer that pauses after half the data,
 # announcing the pause by creating MARK; what happens then is up to the test.
 PAUSING_CHILD = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
+# a shell running the suite in the background starts it with SIGINT ignored, and Python
+# keeps that; a user's terminal does not
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import ckptport.writers.pth as pth
 real = pth.write_pth
 def paused(tree, file, anchor, advance):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fixtures.fuzz import fuzz, run_case, seeds
+from fixtures.fuzz import corpus_seeds, fuzz, run_case, seeds
 
 CASES = 140  # 20 per reader seed; each runs in a forked child with time and memory bounds
 
@@ -17,6 +17,22 @@ def test_mutated_inputs_never_escape_the_error_family(fx, tmp_path):
              if f is not None]
     assert found == [], "\n\n".join(f"{f.seed} case {f.case}: {f.kind}\n{f.detail}"
                                     for f in found[:3])
+
+
+def test_every_hostile_corpus_file_behaves(corpus):
+    """The fuzzer's other seeds: each attack is refused or read, never anything else."""
+    for case in corpus.values():
+        assert run_case(case.path) is None, case.name
+
+
+def test_mutated_attacks_never_escape_the_error_family(corpus, tmp_path, sentinel):
+    attack_seeds = corpus_seeds({name: case.path for name, case in corpus.items()})
+    assert len(attack_seeds) >= 100
+    found = [f for _, f in fuzz(attack_seeds, 100, tmp_path / "crashes", rng_seed=7)
+             if f is not None]
+    assert found == [], "\n\n".join(f"{f.seed} case {f.case}: {f.kind}\n{f.detail}"
+                                    for f in found[:3])
+    assert not sentinel.exists()
 
 
 def test_harness_catches_what_it_must(tmp_path):

@@ -57,7 +57,7 @@ def test_inspect_names_dangerous_globals_without_running_them(fx, run, sentinel)
     doc = json.loads(result.stdout)
     assert doc["dangerous_globals"] == ["os.system"]
     assert doc["blocking_objects"] == [{"key": "<root>", "global_name": "os.system",
-                                        "dangerous": True}]
+                                        "dangerous": True, "count": 1}]
     assert not sentinel.exists()
 
 

@@ -55,7 +55,7 @@ class LayoutNode:
     tensors: int
     nbytes: int
     children: tuple[LayoutNode, ...] = ()
-    hidden: int = 0  # entries below --depth, not listed
+    hidden: int = 0  # entries not listed: below --depth, or plain data past PLAIN_SHOWN
     container: bool = False
 
 
@@ -63,9 +63,10 @@ class LayoutNode:
 class BlockingObject:
     """An object ``torch.load(weights_only=True)`` refuses, and the global it needs."""
 
-    key: str
+    key: str  # where the first one sits
     global_name: str
     dangerous: bool = False
+    count: int = 1  # objects of this global in the file
 
 
 @dataclass(frozen=True)
@@ -128,31 +129,32 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
 
         sha256 = sha256_files(source.files)
     weights_path, weights = _weights(checkpoint)
-    unique = _unique_tensors(tree)
+    beyond, dangerous = classify_globals(source)
+    survey = _Survey(tree, set(dangerous))
+    unique = {view_key(t): t for _, t in survey.tensors}
     by_dtype: Counter[str] = Counter()
     for tensor in unique.values():
         by_dtype[str(tensor.dtype).removeprefix("torch.")] += nbytes(tensor)
-    beyond, dangerous = classify_globals(source)
-    prefixes = wrapper_prefixes(tree)
+    prefixes = wrapper_prefixes(tree, survey.state_dicts)
     return InspectReport(
         path=source.path,
         format=source.format,
         size=source.size,
         sha256=sha256,
-        layout=_layout("<root>", tree, depth),
+        layout=survey.layout(depth),
         tensors=len(unique),
         parameters=sum(t.numel() for t in _unique_tensors(weights).values()),
         weights=weights_path,
         bytes_by_dtype=dict(sorted(by_dtype.items())),
         storage_locations=dict(source.storage_locations),
         wrapper_prefixes=prefixes,
-        wrapper_examples={p: first_key_with(tree, p) for p in prefixes},
-        blocking_objects=tuple(blocking_objects(tree, set(dangerous))),
+        wrapper_examples={p: first_key_with(tree, p, survey.state_dicts) for p in prefixes},
+        blocking_objects=tuple(survey.blocking.values()),
         globals=source.globals,
         globals_beyond_weights_only=beyond,
         dangerous_globals=dangerous,
         shared_storages=source.shared_storages,
-        storage_bloat=storage_bloat(tree),
+        storage_bloat=storage_bloat(tree, survey.tensors),
         metadata=dict(source.metadata),
         unproven_callables=tuple(n for n in source.unproven if n not in dangerous),
         spellings=dict(source.spellings),
@@ -194,21 +196,74 @@ def _unique_tensors(tree: Any) -> dict[Any, Any]:
     return {view_key(t): t for _, t in iter_tensors(tree)}
 
 
-def _layout(key: str, value: Any, depth: int) -> LayoutNode:
-    entries = None if is_tensor(value) else children(value)
-    if entries is None:
-        kind, summary = _leaf(value)
-        size = nbytes(value) if is_tensor(value) else 0
-        return LayoutNode(key, kind, summary, int(is_tensor(value)), size)
-    if isinstance(value, ObjectRecord):
-        entries = [(k, v) for k, v in entries if v not in (None, (), {}, [])]
-    kids = [_layout(str(k), v, depth - 1) for k, v in entries]
-    tensors = sum(c.tensors for c in kids)
-    size = sum(c.nbytes for c in kids)
-    summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
-    shown = tuple(kids) if depth > 0 else ()
-    return LayoutNode(key, _kind(value), summary, tensors, size, shown,
-                      len(kids) - len(shown), container=True)
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes, complex})
+PLAIN_SHOWN = 20  # plain entries listed per container; every tensor-holding one is listed
+
+
+class _Survey:
+    """One walk over the tree for everything the report needs.
+
+    Files can hold millions of small objects (vocabularies, per-sample
+    records), so the tree is walked once: tensors, state dicts and objects
+    the weights-only loader refuses are collected on the way, and the
+    layout is built afterwards for the levels it shows only.
+    """
+
+    def __init__(self, tree: Any, dangerous: set[str]) -> None:
+        self.tree = tree
+        self.tensors: list[tuple[KeyPath, Any]] = []
+        self.state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] = []
+        first: dict[str, KeyPath] = {}
+        counts: Counter[str] = Counter()
+        stack: list[tuple[KeyPath, Any]] = [((), tree)]
+        while stack:  # iter_nodes, but passing over plain values without a visit
+            path, node = stack.pop()
+            if is_tensor(node):
+                self.tensors.append((path, node))
+                continue
+            name = _needed_global(node)
+            if name is not None:
+                first.setdefault(name, path)
+                counts[name] += 1
+            below = children(node)
+            if below:
+                if type(node) is not list and is_state_dict(node):
+                    self.state_dicts.append((path, node))
+                stack.extend(((*path, key), child) for key, child in reversed(below)
+                             if type(child) not in _PLAIN)
+        self.blocking = {name: BlockingObject(format_path(path), name, name in dangerous,
+                                              counts[name]) for name, path in first.items()}
+        self.totals: dict[KeyPath, tuple[int, int]] = {}  # path -> (tensors, bytes) below it
+        for path, tensor in self.tensors:
+            size = nbytes(tensor)
+            for end in range(len(path) + 1):
+                count, total = self.totals.get(path[:end], (0, 0))
+                self.totals[path[:end]] = (count + 1, total + size)
+
+    def layout(self, depth: int) -> LayoutNode:
+        return self._node((), "<root>", self.tree, depth)
+
+    def _node(self, path: KeyPath, key: str, value: Any, depth: int) -> LayoutNode:
+        count, size = self.totals.get(path, (0, 0))
+        entries = None if is_tensor(value) else children(value)
+        if entries is None:
+            kind, summary = _leaf(value)
+            return LayoutNode(key, kind, summary, count, size)
+        if isinstance(value, ObjectRecord):
+            entries = [(k, v) for k, v in entries if v not in (None, (), {}, [])]
+        summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+        shown: list[LayoutNode] = []
+        if depth > 0:
+            plain = 0
+            for k, v in entries:
+                below = (*path, k)
+                if below not in self.totals:
+                    plain += 1
+                    if plain > PLAIN_SHOWN:
+                        continue
+                shown.append(self._node(below, str(k), v, depth - 1))
+        return LayoutNode(key, _kind(value), summary, count, size, tuple(shown),
+                          len(entries) - len(shown), container=True)
 
 
 def _kind(value: Any) -> str:
@@ -237,10 +292,11 @@ def _short_repr(value: Any) -> str:
         return f"<{type_name(value)}>"
 
 
-def wrapper_prefixes(tree: Any) -> dict[str, int]:
+def wrapper_prefixes(tree: Any, state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] | None = None
+                     ) -> dict[str, int]:
     """Wrapper prefixes (``module.``, ``_orig_mod.`` …) in state-dict keys, with counts."""
     found: Counter[str] = Counter()
-    for _, state in _state_dicts(tree):
+    for _, state in _state_dicts(tree) if state_dicts is None else state_dicts:
         for key in state:
             found.update({f"{p}." for p in key.split(".") if p in WRAPPER_NAMES})
             if key.startswith(DATA_PARALLEL_PREFIX):
@@ -248,24 +304,16 @@ def wrapper_prefixes(tree: Any) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
-def first_key_with(tree: Any, prefix: str) -> str:
+def first_key_with(tree: Any, prefix: str,
+                   state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] | None = None) -> str:
     """The first state-dict key carrying a wrapper prefix, to point a finding at."""
-    return next(format_path((*path, key)) for path, state in _state_dicts(tree)
+    found = _state_dicts(tree) if state_dicts is None else state_dicts
+    return next(format_path((*path, key)) for path, state in found
                 for key in state if key.startswith(prefix) or f".{prefix}" in f".{key}")
 
 
 def _state_dicts(tree: Any) -> list[tuple[KeyPath, Mapping[str, Any]]]:
     return [(path, node) for path, node in iter_nodes(tree) if is_state_dict(node)]
-
-
-def blocking_objects(tree: Any, dangerous: set[str]) -> list[BlockingObject]:
-    """Every object the plain weights-only reader refuses, with where it sits."""
-    found = []
-    for path, node in iter_nodes(tree):
-        name = _needed_global(node)
-        if name is not None:
-            found.append(BlockingObject(format_path(path), name, name in dangerous))
-    return found
 
 
 _BLOCKING_TYPES = {argparse.Namespace: "argparse.Namespace", DefaultDict: "collections.defaultdict",
@@ -284,10 +332,11 @@ def _needed_global(value: Any) -> str | None:
     return None
 
 
-def storage_bloat(tree: Any) -> tuple[StorageBloat, ...]:
+def storage_bloat(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
+                  ) -> tuple[StorageBloat, ...]:
     """Storages holding more bytes than the union of their views uses."""
     bloated = []
-    for members in group_by_storage(tree).values():
+    for members in group_by_storage(tree, tensors).values():
         first_path, first = members[0]
         if storage_key(first) is None:
             continue

@@ -113,6 +113,7 @@ def pickle_facts(path: Path, fmt: Format, size: int, tree: Any,
                  files: tuple[Path, ...] = (), metadata: dict[str, str] | None = None
                  ) -> SourceFacts:
     """Source facts from the pickles a file was read from."""
+    pickles = list(pickles)
     locations: Counter[str] = Counter()
     names: dict[str, str] = {}
     dangerous: dict[str, None] = {}
@@ -125,7 +126,8 @@ def pickle_facts(path: Path, fmt: Format, size: int, tree: Any,
         unproven.update(dict.fromkeys(unpickled.unproven))
     return SourceFacts(
         path=path, format=fmt, size=size, storage_locations=dict(sorted(locations.items())),
-        globals=tuple(names), shared_storages=shared_storages(tree),
+        globals=tuple(names),
+        shared_storages=shared_storages(tree) if any(u.shares_storages for u in pickles) else (),
         metadata=metadata or {}, trusted=trusted, refused_globals=tuple(dangerous),
         files=files, spellings={k: v for k, v in names.items() if k != v},
         unproven=tuple(unproven))

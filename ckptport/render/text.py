@@ -99,7 +99,8 @@ def inspect_lines(report: InspectReport) -> list[str]:
         ("called, not provably classes", [_spelled(report, g)
                                           for g in report.unproven_callables]),
         ("objects blocking weights-only loading",
-         [f"{o.key}: {o.global_name}" for o in report.blocking_objects]),
+         [f"{o.key}: {o.global_name}" + (f" (and {o.count - 1} more)" if o.count > 1 else "")
+          for o in report.blocking_objects]),
     ]
     lines += [f"  {title}: {', '.join(items)}" for title, items in facts if items]
     lines += [f"  note: {note}" for note in report.notes]
@@ -129,8 +130,10 @@ def _layout_lines(node: LayoutNode, indent: int) -> list[str]:
     lines = [f"{pad}{node.key}: {node.kind} ({node.summary}{holds})"]
     for child in node.children:
         lines += _layout_lines(child, indent + 1)
-    if node.hidden:
+    if node.hidden and not node.children:
         lines.append(f"{pad}  … {node.hidden} entries below --depth")
+    elif node.hidden:
+        lines.append(f"{pad}  … {node.hidden} more entries of plain data")
     return lines
 
 

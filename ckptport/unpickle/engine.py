@@ -32,6 +32,7 @@ import io
 import pickle
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,7 @@ class Unpickled:
     unproven: tuple[str, ...] = ()  # unknown names called without proof they are classes
     calls: tuple[str, ...] = ()  # recorded calls normalize refuses
     storages: dict[str, StorageInfo] = field(default_factory=dict)
+    shares_storages: bool = False  # some storage is referenced by more than one tensor
 
 
 # -- one load -------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class _Load:
         self.registry: list[Recorded] = []
         self.classes: dict[str, Any] = {}
         self.storages: dict[str, StorageRef] = {}
+        self.references: Counter[str] = Counter()  # persistent loads per storage
 
     def find(self, module: str, name: str) -> Any:
         resolved = names.resolve(module, name, self.protocol)
@@ -147,6 +150,7 @@ class _Load:
             raise Refusal("a malformed storage persistent id")
         dtype = storage_type.dtype
         known = self.storages.get(key)
+        self.references[key] += 1
         if known is not None:
             if known.dtype != dtype or known.info.declared_bytes != numel * dtype.itemsize:
                 raise Refusal(f"storage {key} is declared twice, differently")
@@ -270,7 +274,8 @@ def unpickle(data: bytes, start: int = 0, *, storage: StorageHook | None = None,
                             (load.seen.get(first, Name(first, first)),))
     return Unpickled(settled.value, found, tuple(load.seen.values()),
                      tuple(load.dangerous.values()), settled.unproven, settled.calls,
-                     {key: ref.info for key, ref in load.storages.items()})
+                     {key: ref.info for key, ref in load.storages.items()},
+                     any(count > 1 for count in load.references.values()))
 
 
 def _names_before(data: bytes, start: int, end: int, storage: StorageHook | None
