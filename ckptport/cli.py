@@ -53,10 +53,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except CkptportError as exc:
             _fail(ctx, exc.line(), exc.exit_code, debug)
-        except KeyboardInterrupt:
-            _fail(ctx, "interrupted; nothing was written", EXIT_INTERRUPTED, debug)
-        except Terminated:
-            _fail(ctx, "terminated; nothing was written", EXIT_TERMINATED, debug)
+        except KeyboardInterrupt as exc:  # a message of its own says what was kept
+            _fail(ctx, str(exc) or "interrupted; nothing was written", EXIT_INTERRUPTED, debug)
+        except Terminated as exc:
+            _fail(ctx, str(exc) or "terminated; nothing was written", EXIT_TERMINATED, debug)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:  # a bug: still one line and a failing exit code
@@ -145,6 +145,31 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc)) from None
 
 
+def _jobs_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--jobs", type=click.IntRange(min=1), metavar="N",
+                        help="Workers: threads over tensors for one SRC, processes over files "
+                             "for a folder (default: every core).")(func)
+
+
+def _part(ctx: click.Context, param: click.Parameter, value: str | None
+          ) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", value)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise click.BadParameter("must be I/N with 1 <= I <= N, e.g. 3/8")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _is_checkpoint_folder(path: Path) -> bool:
+    """A shard set, DCP or Hugging Face folder (one checkpoint), not a folder of them."""
+    from .readers import HF_WEIGHTS
+    from .readers.dcp import is_dcp
+
+    return is_dcp(path) or any(p.name.endswith(".index.json") for p in path.iterdir()) or \
+        any((path / name).exists() for name in HF_WEIGHTS)
+
+
 def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
     if not re.fullmatch(ANCHOR_PATTERN, value):
         raise click.BadParameter("must be 'cpu' or 'cuda:N'")
@@ -180,31 +205,96 @@ def cli() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Re-read DST and compare every tensor bit for bit with the source.")
+@click.option("--manifest", "manifest_path", type=click.Path(path_type=Path), metavar="FILE",
+              help="Also write the manifest of what was written (ckptport manifest), from the "
+                   "bytes as they are written.")
+@_jobs_option
+@click.option("--part", callback=_part, metavar="I/N",
+              help="Folder mode: convert only part I of N (split by relative path), so N "
+                   "machines share a folder with no coordination.")
+@click.option("--dry-run", is_flag=True,
+              help="Folder mode: list what would be converted (part I/N) and stop.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
-def normalize(src: Path, dst: Path, to: str | None, select: str, ema: str,
+@click.pass_context
+def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: str, ema: str,
               strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
-              verify: bool, quiet: bool, report_format: str) -> None:
+              verify: bool, manifest_path: Path | None, jobs: int | None,
+              part: tuple[int, int] | None, dry_run: bool, quiet: bool,
+              report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
     folder or a Hugging Face model folder. A folder DST (or --max-shard-size) writes a
-    shard set; --to dcp a DCP folder."""
+    shard set; --to dcp a DCP folder.
+
+    A folder SRC that is none of those is a folder of checkpoints: each is written to
+    the same relative path under DST (with --to's extension, .pth by default) by
+    --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
     from .commands.normalize import normalize_file
     from .render import formatter
 
+    options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
+    if src.is_dir() and not _is_checkpoint_folder(src):
+        if manifest_path is not None or max_shard_size is not None or dcp_key is not None:
+            raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
+                                   "--max-shard-size and --dcp-key apply to one SRC")
+        from .commands.folder import FolderOptions, normalize_folder
+
+        with _progress(quiet) as progress:
+            folder_report = normalize_folder(src, dst, FolderOptions(
+                options=options, to=to or "pth", anchor=anchor, overwrite=overwrite,
+                verify=verify, jobs=jobs, part=part, dry_run=dry_run), progress=progress)
+        click.echo(formatter(report_format).folder(folder_report))
+        ctx.exit(folder_report.exit_code)
+    if part is not None or dry_run:
+        raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
     with _progress(quiet) as progress:
         progress(f"reading {src}", 0)
-        report = normalize_file(src, dst, _options(select, ema, strip_prefix, keep_prefixes,
-                                                   dtype),
+        report = normalize_file(src, dst, options,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
-                                progress=progress)
+                                manifest=manifest_path, jobs=jobs, progress=progress)
     click.echo(formatter(report_format).normalize(report))
+
+
+@cli.command("manifest")
+@click.argument("src", type=click.Path(path_type=Path))
+@_normalize_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), metavar="FILE",
+              help="Write the manifest to FILE (atomically) and report on stdout; without it "
+                   "the manifest itself goes to stdout.")
+@click.option("--overwrite", is_flag=True, help="Replace FILE if it exists.")
+@click.option("--trust", is_flag=True, help=(
+              "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
+@_jobs_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@_report_format("manifest")
+def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, ...],
+                     keep_prefixes: bool, dtype: str, output: Path | None, overwrite: bool,
+                     trust: bool, jobs: int | None, quiet: bool, report_format: str) -> None:
+    """List the normalized weights of SRC with the sha256 of each tensor's canonical bytes
+    and one weights digest: the same for the same weights in any container (.pth,
+    .safetensors, a shard set, DCP, a Hugging Face folder), whatever the sharding
+    and key order. Commit it; gate releases with check --against-manifest FILE."""
+    from .commands.manifest import manifest, write_manifest
+    from .render import formatter
+
+    with _progress(quiet) as progress:
+        progress(f"reading {src}", 0)
+        made = manifest(src, _options(select, ema, strip_prefix, keep_prefixes, dtype),
+                        jobs=jobs, trust=trust, progress=progress)
+    if output is None:
+        click.echo(made.to_json(), nl=False)
+        return
+    if output.exists() and not overwrite:
+        raise click.UsageError(f"{output} exists; pass --overwrite to replace it")
+    write_manifest(made, output)
+    click.echo(formatter(report_format).manifest(made, output))
 
 
 @cli.command()

@@ -30,7 +30,7 @@ from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import ckptport.writers.pth as pth
 real = pth.write_pth
-def paused(tree, file, anchor, advance):
+def paused(tree, file, anchor, advance, *rest):
     file.write(b"x" * 4096)
     file.flush()
     Path(os.environ["MARK"]).touch()
@@ -42,7 +42,7 @@ def paused(tree, file, anchor, advance):
         time.sleep(30)
     file.seek(0)
     file.truncate()
-    real(tree, file, anchor, advance)
+    real(tree, file, anchor, advance, *rest)
 pth.write_pth = paused
 from ckptport.cli import main
 sys.argv = ["ckptport", *sys.argv[1:]]

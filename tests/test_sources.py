@@ -250,3 +250,25 @@ def test_inspect_reports_the_dcp_planner_metadata(dcp_folder, run):
     assert planner["model.module.conv.weight"] == ["model", "module.conv.weight"]
     assert int(doc["metadata"]["dcp.items"]) == len(TinyNet().state_dict()) + 3
     assert "dcp.planner_data" in run("inspect", folder).stdout
+
+
+def test_safetensors_headers_of_every_length_are_safetensors(tmp_path):
+    """A header length whose first byte is a pickle opcode (0x70 'p' = PUT, 0x63 'c' =
+    GLOBAL, …) is not a polyglot: the unpickler stops at the opcode's argument."""
+    import struct
+
+    from ckptport.checkpoint import Format
+    from ckptport.containers.sniff import sniff
+    from ckptport.sources import open_source
+
+    data = struct.pack("<2f", 1.0, 2.0)
+    base = '{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    for length in range(len(base), 300):
+        path = tmp_path / f"h{length}.safetensors"
+        header = base.ljust(length).encode()
+        path.write_bytes(struct.pack("<Q", length) + header + data)
+        source = open_source(path)
+        try:
+            assert sniff(source) is Format.SAFETENSORS, length
+        finally:
+            source.close()

@@ -38,10 +38,12 @@ from ..readers import open_checkpoint
 from ..rules import NormalizeOptions, apply_rules
 from ..tensors import chunks, view_key
 from ..tree import children
+from .manifest import Manifest, is_manifest, load_manifest, manifest, manifest_options
 
 __all__ = [
     "DiffReport",
     "DtypeMismatch",
+    "HashMismatch",
     "LeafMismatch",
     "ShapeMismatch",
     "Side",
@@ -133,6 +135,15 @@ class LeafMismatch:
 
 
 @dataclass(frozen=True)
+class HashMismatch:
+    """Same name, dtype and shape, other content: compared by sha256 (a manifest side)."""
+
+    key: str
+    sha256_a: str
+    sha256_b: str
+
+
+@dataclass(frozen=True)
 class DiffReport:
     a: Side
     b: Side
@@ -149,13 +160,16 @@ class DiffReport:
     compared: tuple[str, ...] = ()  # keys compared by value, in model order
     tied_only_in_a: tuple[str, ...] = ()  # names tied to a compared name; not differences
     tied_only_in_b: tuple[str, ...] = ()
+    # with a manifest on one side: tensors whose sha256 differs (their values are not at hand)
+    hash_mismatches: tuple[HashMismatch, ...] = ()
     tensors_differing: int = field(init=False)
     largest: TensorDelta | None = field(init=False)
     equal: bool = field(init=False)
 
     def __post_init__(self) -> None:
         failing_dtypes = () if self.tolerance.cast else self.dtype_mismatches
-        differing = len(self.shape_mismatches) + len(failing_dtypes) + len(self.value_mismatches)
+        differing = len(self.shape_mismatches) + len(failing_dtypes) + len(self.value_mismatches) \
+            + len(self.hash_mismatches)
         deltas = self.value_mismatches or self.within_tolerance
         object.__setattr__(self, "tensors_differing", differing)
         object.__setattr__(self, "largest", max(deltas, key=lambda d: d.max_abs, default=None))
@@ -208,6 +222,8 @@ def diff(
     if raw and options is not None:
         raise ValueError("raw=True compares as stored; it takes no normalize options")
     tolerance = Tolerance(atol, rtol, cast)
+    if any(not isinstance(x, Checkpoint) and is_manifest(x) for x in (a, b)):
+        return _diff_manifests(a, b, tolerance, trust, progress)
     side_a, leaves_a = _prepare(a, options, raw, trust, progress)
     side_b, leaves_b = _prepare(b, options, raw, trust, progress)
     shapes: list[ShapeMismatch] = []
@@ -247,6 +263,45 @@ def diff(
         leaf_mismatches=tuple(leaves), compared=tuple(key for key, _, _ in pairs),
         tied_only_in_a=tied_a, tied_only_in_b=tied_b,
     )
+
+
+def _diff_manifests(a: str | os.PathLike[str] | Checkpoint, b: str | os.PathLike[str] | Checkpoint,
+                    tolerance: Tolerance, trust: bool, progress: Progress) -> DiffReport:
+    """A manifest on one side (or both): the other is normalized as the manifest records
+    and hashed; tensors compare by name, dtype, shape and sha256."""
+    given = [load_manifest(x) for x in (a, b) if not isinstance(x, Checkpoint)
+             and is_manifest(x)]
+    options = manifest_options(given[0])
+
+    def side(source: str | os.PathLike[str] | Checkpoint) -> tuple[Side, Manifest]:
+        if not isinstance(source, Checkpoint) and is_manifest(source):
+            made = load_manifest(source)
+            return Side(str(source), "manifest", len(made.tensors),
+                        (f"weights digest {made.digest}",)), made
+        made = manifest(source, options, trust=trust, progress=progress)
+        path = str(source.source.path if isinstance(source, Checkpoint) else source)
+        return Side(path, "normalized as the manifest records", len(made.tensors),
+                    (f"weights digest {made.digest}",)), made
+
+    side_a, made_a = side(a)
+    side_b, made_b = side(b)
+    want, have = made_a.by_name(), made_b.by_name()
+    shapes, dtypes, hashes = [], [], []
+    for name in (n for n in want if n in have):
+        x, y = want[name], have[name]
+        if x.shape != y.shape:
+            shapes.append(ShapeMismatch(name, x.shape, y.shape, x.dtype, y.dtype))
+        elif x.dtype != y.dtype:
+            dtypes.append(DtypeMismatch(name, x.shape, x.dtype, y.dtype))
+        elif x.sha256 != y.sha256:
+            hashes.append(HashMismatch(name, x.sha256, y.sha256))
+    return DiffReport(
+        a=side_a, b=side_b, tolerance=tolerance, raw=False,
+        tensors_compared=sum(1 for n in want if n in have),
+        only_in_a=tuple(n for n in want if n not in have),
+        only_in_b=tuple(n for n in have if n not in want),
+        shape_mismatches=tuple(shapes), dtype_mismatches=tuple(dtypes),
+        hash_mismatches=tuple(hashes))
 
 
 def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]

@@ -35,6 +35,7 @@ from ..tree import KEY_RULES, KEY_SOURCE_SHA256
 from ..writers import WriteOptions, WriteResult, write_to
 from ..writers.plan import Target, check_destination, plan_destination
 from ..writers.safetensors import MetadataValue, Pending
+from .manifest import WrittenDigests, build_manifest, write_manifest
 
 __all__ = ["NormalizeReport", "ConvertReport", "normalize_file", "convert", "sha256_files"]
 
@@ -48,6 +49,8 @@ class NormalizeReport:
     source_sha256: str | None  # computed for safetensors output, which records it
     rules: tuple[RuleResult, ...]
     output: WriteResult
+    manifest: Path | None = None  # --manifest: where the manifest of the output went
+    digest: str | None = None  # its weights digest
 
     def rule(self, name: str) -> RuleResult | None:
         return next((r for r in self.rules if r.rule == name), None)
@@ -105,14 +108,24 @@ def normalize_file(
     trust: bool = False,
     max_shard_size: int | str | None = None,
     dcp_key: str | None = None,
+    manifest: str | os.PathLike[str] | None = None,
+    jobs: int | None = None,
+    hash_source: bool = False,
     progress: Progress = no_progress,
 ) -> NormalizeReport:
     """Normalize ``src`` into ``dst``: a file, a shard set when ``dst`` is a folder (an
     existing one, or a path ending in a separator) or ``max_shard_size`` is given, or
-    a DCP folder with ``to="dcp"``."""
+    a DCP folder with ``to="dcp"``.
+
+    ``manifest`` also writes the manifest of the output (``ckptport manifest``) from the
+    bytes as they are written; ``jobs`` threads verify (default: every core);
+    ``hash_source`` computes the source's sha256 whatever the output (folder mode
+    records it to resume)."""
     destination = plan_destination(dst, to, max_shard_size)
     source = src if isinstance(src, Source) else resolve(src)
     check_destination(source.files, destination, overwrite)
+    if manifest is not None:
+        check_destination(source.files, plan_destination(manifest, "pth"), overwrite=True)
     before = _snapshot(source.files)
 
     def unchanged() -> None:
@@ -121,17 +134,27 @@ def normalize_file(
                              source.path)
 
     records_hash = destination.target is Target.SAFETENSORS
+    digests = WrittenDigests() if manifest is not None else None
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
-        digest = pool.submit(sha256_files, source.files) if records_hash else None
+        digest = pool.submit(sha256_files, source.files) \
+            if records_hash or hash_source else None
         checkpoint = open_checkpoint(source, trust=trust)
         normalized = apply_rules(checkpoint, options, lazy=True)
-        metadata: Mapping[str, Any] = {} if digest is None else _provenance(
-            Pending(digest, SHA256_HEX_WIDTH), normalized.results)
+        metadata: Mapping[str, Any] = {} if digest is None or not records_hash else \
+            _provenance(Pending(digest, SHA256_HEX_WIDTH), normalized.results)
         written = write_to(normalized.checkpoint, destination, WriteOptions(
             anchor=anchor, overwrite=overwrite, verify=verify, metadata=metadata,
-            progress=progress, precommit=unchanged, dcp_key=dcp_key))
+            progress=progress, precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
+            tap=None if digests is None else digests.tap))
         sha256 = None if digest is None else digest.result()
-    return NormalizeReport(checkpoint.source, sha256, normalized.results, written)
+    made = None
+    if manifest is not None and digests is not None:
+        made = build_manifest(normalized.checkpoint, options or NormalizeOptions(), jobs=jobs,
+                              known=digests.done, progress=progress)
+        write_manifest(made, manifest)
+    return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
+                           None if manifest is None else Path(manifest),
+                           None if made is None else made.digest)
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str],

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from ..checkpoint import Format
 from ..errors import InputError
 from ..sources import check_regular
+from ..tree import KEY_ALIASES
 
 __all__ = ["ShardIndex", "parse_index", "find_index", "SHARD_EXTENSIONS", "MAX_INDEX_BYTES"]
 
@@ -33,6 +34,9 @@ class ShardIndex:
     format: Format
     weight_map: dict[str, str]
     shards: tuple[Path, ...]
+    # ckptport's record of tied names it left out (alias -> kept name), a claim the
+    # reader checks; the hub's own sets have none
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def find_index(folder: Path) -> Path | None:
@@ -54,7 +58,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _load(index: Path) -> dict[str, str]:
+def _load(index: Path) -> tuple[dict[str, str], dict[str, str]]:
     st = check_regular(index)
     if st.st_size > MAX_INDEX_BYTES:
         raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
@@ -68,7 +72,16 @@ def _load(index: Path) -> dict[str, str]:
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise InputError("shard index has no weight_map of names to shard files", index)
-    return weight_map
+    metadata = doc.get("metadata")
+    aliases = metadata.get(KEY_ALIASES) if isinstance(metadata, dict) else None
+    if aliases is None:
+        return weight_map, {}
+    if not (isinstance(aliases, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and k not in weight_map and v in weight_map
+            for k, v in aliases.items())):
+        raise InputError(f"shard index metadata {KEY_ALIASES!r} must map names the set leaves "
+                         "out to names it holds", index)
+    return weight_map, aliases
 
 
 def _shard_path(index: Path, name: str, extension: str) -> Path:
@@ -90,11 +103,11 @@ def _shard_path(index: Path, name: str, extension: str) -> Path:
 
 
 def parse_index(index: Path) -> ShardIndex:
-    weight_map = _load(index)
+    weight_map, aliases = _load(index)
     extension = Path(index.name.removesuffix(".index.json")).suffix
     if extension not in SHARD_EXTENSIONS:
         raise InputError(f"cannot tell the shard format from the index name {index.name!r}",
                          index)
     shards = tuple(sorted({_shard_path(index, name, extension)
                            for name in weight_map.values()}))
-    return ShardIndex(index, SHARD_EXTENSIONS[extension], weight_map, shards)
+    return ShardIndex(index, SHARD_EXTENSIONS[extension], weight_map, shards, aliases)

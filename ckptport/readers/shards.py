@@ -4,7 +4,9 @@ Each shard is read by the reader of its own format; the set is their state
 dicts joined, checked against the index: no key in two shards, none placed
 against the index, none the index lists but no shard holds. (A key the
 hub's ``save_pretrained`` leaves out because it is tied to another is
-simply not in the set; ``load_into`` fills it from the model's own ties.)
+simply not in the set; ``load_into`` fills it from the model's own ties. A
+set ckptport wrote records the names it left out in the index's metadata,
+``ckptport.aliases``, checked against the weight map and restored here.)
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ class ShardsReader:
         if missing:
             raise InputError(f"the index lists {len(missing)} keys no shard holds "
                              f"(first: {missing[0]!r})", index.path)
+        for alias, kept in index.aliases.items():  # ckptport's own sets: tied names back
+            tree[alias] = tree[kept]
+        if index.aliases:
+            shared += [(kept, *sorted(a for a, k in index.aliases.items() if k == kept))
+                       for kept in dict.fromkeys(index.aliases.values())]
         return Checkpoint(tree, SourceFacts(
             path=index.path, format=index.format,
             size=sum(s.stat().st_size for s in index.shards),

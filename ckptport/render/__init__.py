@@ -8,11 +8,14 @@ always parseable.
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Protocol
 
 from ..commands.check import CheckReport
 from ..commands.diff import DiffReport
+from ..commands.folder import FolderReport
 from ..commands.inspection import InspectReport
+from ..commands.manifest import Manifest
 from ..commands.normalize import NormalizeReport
 
 __all__ = ["ReportFormat", "Formatter", "FORMATTERS", "formatter", "formats_for"]
@@ -43,6 +46,14 @@ class Formatter(Protocol):
     def inspect(self, report: InspectReport) -> str: ...
 
     def check(self, report: CheckReport) -> str: ...
+
+    def manifest(self, made: Manifest, path: Path | None) -> str:
+        """A manifest written to ``path`` (None: it went to stdout)."""
+        ...
+
+    def folder(self, report: FolderReport) -> str:
+        """``normalize SRC_DIR DST_DIR``: the summary, then one line per file that failed."""
+        ...
 
 
 def _formatters() -> tuple[Formatter, ...]:

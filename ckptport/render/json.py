@@ -13,7 +13,9 @@ from typing import Any
 from .._version import __version__
 from ..commands.check import CheckReport
 from ..commands.diff import DiffReport
+from ..commands.folder import FolderReport
 from ..commands.inspection import InspectReport
+from ..commands.manifest import Manifest
 from ..commands.normalize import NormalizeReport
 
 __all__ = ["JsonFormatter", "jsonable"]
@@ -38,6 +40,18 @@ def jsonable(value: Any) -> Any:
 class JsonFormatter:
     name = "json"
     commands = frozenset({"normalize", "diff", "inspect", "check", "manifest"})
+
+    def folder(self, report: FolderReport) -> str:
+        doc = {"ckptport": __version__, "command": "normalize", "src": report.src,
+               "dst": report.dst, "part": report.part, "exit_code": report.exit_code,
+               "counts": report.counts, "bytes_in": report.bytes_in,
+               "bytes_out": report.bytes_out, "seconds": round(report.seconds, 3),
+               "files": report.files,
+               "not_checkpoints": [{"path": p, "reason": r} for p, r in report.not_checkpoints]}
+        return json.dumps(jsonable(doc), indent=2)
+
+    def manifest(self, made: Manifest, path: Path | None) -> str:
+        return made.to_json().rstrip("\n")
 
     def normalize(self, report: NormalizeReport) -> str:
         source = jsonable(report.source)

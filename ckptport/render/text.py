@@ -8,11 +8,14 @@ terminal or a CI log as itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..commands.check import CheckReport
 from ..commands.diff import DiffReport, TensorDelta, format_number
+from ..commands.folder import FolderReport
 from ..commands.inspection import InspectReport, LayoutNode
+from ..commands.manifest import Manifest
 from ..commands.normalize import NormalizeReport
 from ..escape import printable
 from ..rules import RuleResult
@@ -33,6 +36,31 @@ def joined(lines: list[str]) -> str:
 class TextFormatter:
     name = "text"
     commands = frozenset({"normalize", "diff", "inspect", "check", "manifest"})
+
+    def folder(self, report: FolderReport) -> str:
+        counts = report.counts
+        part = f" (part {report.part[0]}/{report.part[1]})" if report.part else ""
+        if counts["planned"]:
+            lines = [f"{report.src} -> {report.dst}{part}: {counts['planned']} checkpoints "
+                     "would be converted"]
+            lines += [f"  {f.source} -> {f.output}" for f in report.files
+                      if f.status == "planned"]
+        else:
+            lines = [f"{report.src} -> {report.dst}{part}: {counts['converted']} converted, "
+                     f"{counts['skipped']} skipped (done before), {counts['failed']} failed; "
+                     f"{human_bytes(report.bytes_in)} in, {human_bytes(report.bytes_out)} out, "
+                     f"{report.seconds:.1f} s"]
+        lines += [f"  failed {f.source}: {f.reason}" for f in report.files
+                  if f.status == "failed"]
+        if report.not_checkpoints:
+            lines.append(f"  {len(report.not_checkpoints)} files are not checkpoints (--format "
+                         "json lists them)")
+        return joined(lines)
+
+    def manifest(self, made: Manifest, path: Path | None) -> str:
+        where = f"wrote {path}: " if path is not None else ""
+        return (f"{where}{len(made.tensors)} tensors, {human_bytes(made.total_bytes)}, "
+                f"weights digest sha256:{made.digest}")
 
     def normalize(self, report: NormalizeReport) -> str:
         out = report.output
@@ -187,6 +215,9 @@ def diff_sections(report: DiffReport) -> list[Section]:
                 tuple(map(_delta_row, report.within_tolerance))),
         Section("non-tensor values differ", ("key", "A", "B"), tuple(
             (m.key, m.a, m.b) for m in report.leaf_mismatches)),
+        Section("content differs (sha256)", ("key", "A", "B"), tuple(
+            (m.key, m.sha256_a[:16] + "…", m.sha256_b[:16] + "…")
+            for m in report.hash_mismatches)),
     ]
     return [s for s in sections if s.rows]
 

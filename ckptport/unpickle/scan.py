@@ -193,6 +193,24 @@ _IMPORTING = frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opco
 _DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
+def _stack_effects() -> list[tuple[int, bool, int, bool]]:
+    """Per opcode byte: items taken (besides a mark), whether it pops to a mark, items
+    pushed, whether it pushes a mark."""
+    effects = [(0, False, 0, False)] * 256
+    for op in pickletools.opcodes:
+        taken, given = op.stack_before, op.stack_after
+        mark = pickletools.markobject
+        takes_mark = mark in taken
+        before = taken.index(mark) if takes_mark else len(taken)
+        effects[ord(op.code.encode("latin-1"))] = (before, takes_mark,
+                                                   0 if mark in given else len(given),
+                                                   mark in given)
+    return effects
+
+
+_STACK = _stack_effects()
+
+
 def executes_before(data: bytes, end: int) -> bool:
     """Whether the well-formed opcodes of ``data[:end]`` import or call anything.
 
@@ -200,8 +218,20 @@ def executes_before(data: bytes, end: int) -> bool:
     before it, so a broken pickle can still act.
     """
     pos = 2 if data[:1] == b"\x80" else 0
+    depth, marks = 0, []  # what the unpickler's stack holds: an opcode short of operands fails
     while pos < end:
         op = data[pos]
+        before, takes_mark, after, makes_mark = _STACK[op]
+        if takes_mark:
+            if not marks:
+                return False
+            depth = marks.pop()
+        if depth < before:
+            return False
+        depth -= before
+        if makes_mark:
+            marks.append(depth)
+        depth += after
         if op in _ACTING:
             return True
         if op in _IMPORTING:  # imports only a module and name Python could import
@@ -220,9 +250,30 @@ def executes_before(data: bytes, end: int) -> bool:
             pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
         elif kind == _NEWLINE:
             newline = data.find(b"\n", pos + 1)
-            if newline < 0:
-                return False
+            if newline < 0 or not _valid_line(_NAMES[op], data[pos + 1:newline]):
+                return False  # the unpickler stops here with an error
             pos = newline + 1
         else:
             return False
     return False
+
+
+def _valid_line(name: str, line: bytes) -> bool:
+    """Whether CPython's unpickler accepts this text argument (else it stops there)."""
+    try:
+        text = line.decode("ascii") if name != "UNICODE" else ""
+        if name in ("INT",):
+            return line in (b"00", b"01") or isinstance(int(text, 0), int)
+        if name == "LONG":
+            return isinstance(int(text.removesuffix("L"), 0), int)
+        if name in ("GET", "PUT"):
+            return isinstance(int(text, 10), int)
+        if name == "FLOAT":
+            return isinstance(float(text), float)
+        if name == "STRING":
+            return len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        if name == "UNICODE":
+            line.decode("raw_unicode_escape")
+        return True
+    except (UnicodeDecodeError, ValueError):
+        return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
@@ -66,6 +66,9 @@ class WriteOptions:
     progress: Progress = no_progress
     precommit: Callable[[], None] = _nothing
     dcp_key: str | None = None
+    # sees each tensor's pieces as a file writer writes them (``normalize --manifest``)
+    tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
+    jobs: int | None = None  # threads for verification (default: every core)
 
 
 @dataclass(frozen=True)

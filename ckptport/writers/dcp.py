@@ -6,8 +6,9 @@ dicts and lists flattened into key paths (dict keys become strings, as DCP
 makes them). ``dcp_key`` nests the tree under one key, so training code can
 ``dcp.load({"model": model.state_dict()}, ...)``. The folder is staged
 beside DST with normal permissions, read back by ckptport's DCP reader and
-compared bit for bit, and only then renamed into place. DCP keeps no
-state-dict ``_metadata`` (module versions).
+compared bit for bit with the source read again, and only then renamed into
+place. DCP keeps no state-dict ``_metadata`` (module versions) and no ties
+(each name is stored on its own; the report says so).
 """
 
 from __future__ import annotations
@@ -17,29 +18,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..compare import tree_mismatches
+from ..compare import tie_groups, tree_mismatches
 from ..errors import VerificationError
 from ..tensors import to_torch
 from ..tree import is_tensor
 from . import WriteOptions, WriteResult, count_tensors, unique_bytes
 from .plan import Destination, Target
 from .staging import os_error, publish_folder, staged_folder
+from .verify import Independent
 
 __all__ = ["DcpWriter"]
 
 
-def _dcp_tree(value: Any, storages: dict[int, Any], renamed: list[str]) -> Any:
-    """The tree as DCP stores it: torch tensors, string keys (DCP stringifies them)."""
+def _dcp_tree(value: Any, storages: dict[int, Any], renamed: list[str],
+              originals: dict[int, Any]) -> Any:
+    """The tree as DCP stores it: torch tensors, string keys (DCP stringifies them);
+    ``originals`` maps each torch tensor made to the leaf it was made from."""
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 renamed.append(repr(key))
-            out[str(key)] = _dcp_tree(item, storages, renamed)
+            out[str(key)] = _dcp_tree(item, storages, renamed, originals)
         return out
     if isinstance(value, (list, tuple)):
-        return [_dcp_tree(item, storages, renamed) for item in value]
-    return to_torch(value, storages) if is_tensor(value) else value
+        return [_dcp_tree(item, storages, renamed, originals) for item in value]
+    if not is_tensor(value):
+        return value
+    made = to_torch(value, storages)
+    originals[id(made)] = value
+    return made
 
 
 class DcpWriter:
@@ -53,7 +61,8 @@ class DcpWriter:
 
         folder = destination.path
         renamed: list[str] = []
-        tree = _dcp_tree(checkpoint.tree, {}, renamed)
+        originals: dict[int, Any] = {}
+        tree = _dcp_tree(checkpoint.tree, {}, renamed, originals)
         if options.dcp_key:
             tree = {options.dcp_key: tree}
         total = unique_bytes(tree)
@@ -64,10 +73,13 @@ class DcpWriter:
                     warnings.simplefilter("ignore")
                     dcp.save(tree, storage_writer=dcp.FileSystemWriter(staging), no_dist=True)
                 advance(total)
-                if options.verify:
-                    problems = tree_mismatches(tree, open_checkpoint(staging).tree,
-                                               on_tensor=options.progress(
-                                                   f"verifying {folder.name}", total))
+                if options.verify:  # against the source read again, not what was handed on
+                    with Independent() as independent:
+                        problems = tree_mismatches(
+                            tree, open_checkpoint(staging).tree,
+                            on_tensor=options.progress(f"verifying {folder.name}", total),
+                            expected_pieces=lambda t: independent(originals.get(id(t), t)),
+                            jobs=options.jobs, ties=False)
                     if problems:
                         raise VerificationError("written DCP folder reads back different: "
                                                 + "; ".join(problems), folder)
@@ -75,7 +87,11 @@ class DcpWriter:
                 publish_folder(staging, folder)
         except OSError as exc:
             raise os_error(exc, folder) from exc
-        notes = (f"DCP keeps dict keys as strings: {', '.join(renamed[:5])}"
-                 + (" …" if len(renamed) > 5 else ""),) if renamed else ()
+        notes = [f"DCP keeps dict keys as strings: {', '.join(renamed[:5])}"
+                 + (" …" if len(renamed) > 5 else "")] if renamed else []
+        ties = tie_groups(tree)
+        if ties:
+            notes.append(f"DCP stores every name on its own: {len(ties)} tied tensors are "
+                         f"written once per name ({', '.join(ties[0])}, …)")
         return WriteResult(folder, self.target, count_tensors(tree), total, options.verify,
-                           notes=notes)
+                           notes=tuple(notes))

@@ -19,7 +19,7 @@ import io
 import pickle
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -48,14 +48,15 @@ class _StorageRef:
 
 
 Produce = Callable[[], Iterator[bytes | memoryview]]
+Tap = Callable[[Any, Iterable[memoryview]], Iterable[bytes | memoryview]]
 
 
 class _Pickler(pickle.Pickler):
     """Pickles tensors as references to records; remembers how to produce each record."""
 
-    def __init__(self, file: Any, location: str) -> None:
+    def __init__(self, file: Any, location: str, tap: Tap | None = None) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL)
-        self.location = location
+        self.location, self.tap = location, tap
         self.records: dict[str, tuple[Produce, int]] = {}
         self._keys: dict[Any, str] = {}
 
@@ -78,7 +79,8 @@ class _Pickler(pickle.Pickler):
             return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
         dtype = dtype_of(obj).to_torch()
         size = nbytes(obj)
-        key = self._key(view_key(obj), partial(chunks, obj), size)
+        produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
+        key = self._key(view_key(obj), produce, size)
         shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[Any, Any] = OrderedDict()
@@ -151,19 +153,25 @@ class PthFile:
 
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
-        write_pth(tree, file, options.anchor, advance)
+        write_pth(tree, file, options.anchor, advance, options.tap)
 
     def verify(self, path: Path, tree: Any, written: None, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_pth
 
-        verify_pth(path, tree, options.anchor, advance)
+        verify_pth(path, tree, options.anchor, advance, options.jobs)
 
 
-def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None]) -> None:
-    """Write ``tree`` as a torch zip checkpoint, one storage record at a time."""
+def _tapped(tap: Tap, leaf: Any) -> Iterator[bytes | memoryview]:
+    return iter(tap(leaf, chunks(leaf)))
+
+
+def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None],
+              tap: Tap | None = None) -> None:
+    """Write ``tree`` as a torch zip checkpoint, one storage record at a time; ``tap`` sees
+    each tensor's pieces as they are written."""
     buffer = io.BytesIO()
-    pickler = _Pickler(buffer, anchor)
+    pickler = _Pickler(buffer, anchor, tap)
     pickler.dump(canonical(tree))
     archive = ZipWriter(file)
     archive.record("data.pkl", [buffer.getvalue()])

@@ -13,7 +13,7 @@ in ``ckptport.tree``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +83,14 @@ class SafetensorsFile:
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> SafetensorsPlan:
         plan = plan_safetensors(tree, options.metadata, dst)
-        write_safetensors(plan, file, advance)
+        write_safetensors(plan, file, advance, options.tap)
         return plan
 
     def verify(self, path: Path, tree: Any, written: SafetensorsPlan, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_safetensors
 
-        verify_safetensors(path, written, tree, advance)
+        verify_safetensors(path, written, tree, advance, options.jobs)
 
 
 def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
@@ -142,11 +142,14 @@ def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
     return entries
 
 
-def write_safetensors(plan: SafetensorsPlan, file: BinaryIO,
-                      advance: Callable[[int], None]) -> None:
+def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[int], None],
+                      tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
+                      ) -> None:
     file.write(plan.header)
     for name in plan.entries:
-        for piece in chunks(plan.tensors[name]):  # one tensor at a time, piece by piece
+        tensor = plan.tensors[name]
+        pieces = chunks(tensor) if tap is None else tap(tensor, chunks(tensor))
+        for piece in pieces:  # one tensor at a time, piece by piece
             file.write(piece)
             advance(len(piece))
     if any(isinstance(v, Pending) for v in plan.metadata.values()):

@@ -7,8 +7,10 @@ Names follow the hub (``model-00001-of-00003.safetensors`` /
 names follow the hub too: in a safetensors set a key that is the same
 tensor as another is left out (a safetensors file stores a tensor once under
 one name; models re-tie it on load, ``load_into`` fills it), so the index
-never maps a key to a shard that does not hold it; a ``.bin`` shard's pickle
-holds both names over one storage. Every file is
+never maps a key to a shard that does not hold it, and the index's metadata
+records the names left out (``ckptport.aliases``) so ckptport reads the set
+back whole; a ``.bin`` shard's pickle holds both names over one storage, as
+does a set of one file. Every file is
 written into a temp folder inside DST and verified there; then the shards
 move into DST and the index last, so an index never names a shard that is
 not complete; stale weight files of the same naming pattern are removed
@@ -29,7 +31,7 @@ from typing import Any
 from ..checkpoint import Checkpoint
 from ..errors import OutputError
 from ..tensors import nbytes, storage_key, view_key
-from ..tree import is_state_dict, is_tensor, rebuild_dict
+from ..tree import KEY_ALIASES, is_state_dict, is_tensor, rebuild_dict
 from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .plan import Destination, Target, same_file
 from .staging import fsync_dir, os_error, staged_file, staged_folder
@@ -123,17 +125,19 @@ class ShardsWriter:
             (state, {})
         assert destination.shard_size is not None
         groups = split_shards(kept, destination.shard_size)
+        if len(groups) == 1:  # one file: it stores each tied tensor once and names the others
+            kept, aliases, groups = state, {}, [list(state)]
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with staged_folder(folder, "shards") as staging:
-                files = self._write_staged(staging, kept, groups, names, options)
+                files = self._write_staged(staging, kept, groups, names, options, aliases)
                 options.precommit()
                 self._publish(staging, folder, files, names)
         except OSError as exc:
             raise os_error(exc, folder) from exc
-        notes = (f"left out {len(aliases)} tied names, as the hub does (models re-tie them on "
-                 "load): " + ", ".join(f"{a} = {k}" for a, k in aliases.items()),) \
-            if aliases else ()
+        notes = (f"left {len(aliases)} tied names out of the shards, as the hub does (models "
+                 "re-tie them on load; the index records them as ckptport.aliases): "
+                 + ", ".join(f"{a} = {k}" for a, k in aliases.items()),) if aliases else ()
         return WriteResult(folder, self.target, count_tensors(kept), unique_bytes(kept),
                            options.verify, files=tuple(folder / name for name in files),
                            notes=notes)
@@ -152,7 +156,8 @@ class ShardsWriter:
                                   "to replace the set", folder)
 
     def _write_staged(self, staging: Path, state: Mapping[str, Any], groups: list[list[str]],
-                      names: ShardNames, options: WriteOptions) -> list[str]:
+                      names: ShardNames, options: WriteOptions,
+                      aliases: Mapping[str, str]) -> list[str]:
         weight_map: dict[str, str] = {}
         files = []
         for number, keys in enumerate(groups, start=1):
@@ -164,7 +169,10 @@ class ShardsWriter:
             weight_map.update(dict.fromkeys(keys, name))
             files.append(name)
         if len(groups) > 1:
-            index = {"metadata": {"total_size": unique_bytes(state)}, "weight_map": weight_map}
+            metadata: dict[str, Any] = {"total_size": unique_bytes(state)}
+            if aliases:
+                metadata[KEY_ALIASES] = dict(sorted(aliases.items()))
+            index = {"metadata": metadata, "weight_map": weight_map}
             with staged_file(staging / names.index, overwrite=False) as out:
                 out.file.write(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
                 out.sync()

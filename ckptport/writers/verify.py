@@ -119,16 +119,18 @@ def _cast(raw: bytes, leaf: Pending) -> Any:
     return values.reshape(leaf.shape).to(leaf.dtype.to_torch())
 
 
-def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance) -> None:
+def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance,
+                 jobs: int | None) -> None:
     with Independent() as independent:
         problems = tree_mismatches(expected, actual, on_tensor=advance,
-                                   expected_pieces=independent)
+                                   expected_pieces=independent, jobs=jobs)
     if problems:
         raise VerificationError("written file reads back different: " + "; ".join(problems),
                                 path)
 
 
-def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance) -> None:
+def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance,
+               jobs: int | None = None) -> None:
     import torch
 
     try:
@@ -141,10 +143,11 @@ def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance) -> None
     except Exception as exc:  # any failure to load is the finding itself
         raise VerificationError(f"written file does not load with weights_only=True: {exc}",
                                 path) from exc
-    _expect_same(path, expected, actual, advance)
+    _expect_same(path, expected, actual, advance, jobs)
 
 
-def verify_safetensors(path: Path, plan: Any, expected: Any, advance: Advance) -> None:
+def verify_safetensors(path: Path, plan: Any, expected: Any, advance: Advance,
+                       jobs: int | None = None) -> None:
     from safetensors import safe_open
 
     from ..readers import open_checkpoint
@@ -166,4 +169,4 @@ def verify_safetensors(path: Path, plan: Any, expected: Any, advance: Advance) -
     written = open_checkpoint(path)
     if written.source.notes:
         raise VerificationError("; ".join(written.source.notes), path)
-    _expect_same(path, expected, written.tree, advance)
+    _expect_same(path, expected, written.tree, advance, jobs)
