@@ -397,13 +397,14 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
               help="Absolute tolerance for --against.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Relative tolerance for --against.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("check")
 @click.pass_context
 def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
                   ignore_codes: list[str], select: str, ema: str,
                   strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str,
                   finite: str | None, require_format: tuple[str, ...], against: Path | None,
-                  against_manifest: Path | None, atol: float, rtol: float,
+                  against_manifest: Path | None, atol: float, rtol: float, quiet: bool,
                   report_format: str) -> None:
     """Gate exported checkpoints in CI: run the codes on every PATH (folders are searched
     for every file a loader could open) and report findings with stable codes.
@@ -417,10 +418,12 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
     if CODE_PATTERN.fullmatch(select):
         codes, select = [*codes, *(c.strip() for c in select.split(","))], "auto"
     try:
-        report = check(paths, codes=codes, ignore=ignore_codes, finite=finite or False,
-                       require_format=require_format, against=against,
-                       against_manifest=against_manifest, atol=atol, rtol=rtol,
-                       options=_options(select, ema, strip_prefix, keep_prefixes, dtype))
+        with _progress(quiet or not (finite or against or against_manifest)) as progress:
+            report = check(paths, codes=codes, ignore=ignore_codes, finite=finite or False,
+                           require_format=require_format, against=against,
+                           against_manifest=against_manifest, atol=atol, rtol=rtol,
+                           options=_options(select, ema, strip_prefix, keep_prefixes, dtype),
+                           progress=progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(formatter(report_format).check(report))

@@ -33,6 +33,7 @@ from ..errors import (
     CodeArchiveError,
     InputError,
 )
+from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..unpickle import allowed_names
@@ -65,6 +66,7 @@ class CheckSettings:
     options: NormalizeOptions = field(default_factory=NormalizeOptions)
     atol: float = 0.0
     rtol: float = 0.0
+    progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,8 @@ def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
     from .finite import non_finite
 
     assert file.settings.finite is not None
-    return non_finite(file.checkpoint, file.settings.options, file.settings.finite)
+    return non_finite(file.checkpoint, file.settings.options, file.settings.finite,
+                      file.settings.progress)
 
 
 def _format(file: FileUnderCheck) -> Iterable[Hit]:
@@ -198,7 +201,8 @@ def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
         return ()
     from .manifest import against_manifest
 
-    return against_manifest(file.checkpoint, file.settings.manifest, file.settings.options)
+    return against_manifest(file.checkpoint, file.settings.manifest, file.settings.options,
+                            progress=file.settings.progress)
 
 
 def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
@@ -309,6 +313,7 @@ def check(
     rtol: float = 0.0,
     options: NormalizeOptions | None = None,
     select: Iterable[str] = (),
+    progress: Progress = no_progress,
 ) -> CheckReport:
     """Run the codes on every file (folders searched for every file a loader could open).
 
@@ -324,7 +329,7 @@ def check(
     if scope is not None and scope not in FINITE_SCOPES:
         raise ValueError(f"finite must be one of {', '.join(FINITE_SCOPES)}, not {finite!r}")
     settings = CheckSettings(tuple(require_format), scope, None, None,
-                             options or NormalizeOptions(), atol, rtol)
+                             options or NormalizeOptions(), atol, rtol, progress)
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
                      manifest=_PLANNED if against_manifest is not None else None)
     chosen = _codes([*codes, *select], ignore, wanted)
@@ -407,7 +412,7 @@ def _against(checkpoint: Checkpoint, settings: CheckSettings) -> list[Hit]:
     assert reference is not None
     try:
         report = diff(reference, checkpoint, atol=settings.atol, rtol=settings.rtol,
-                      options=settings.options)
+                      options=settings.options, progress=settings.progress)
     except CkptportError as exc:  # e.g. no state dict to compare
         return [(None, f"cannot compare with the reference: {' '.join(exc.message.split())}")]
     rows: list[tuple[str | None, str]] = [

@@ -15,9 +15,11 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, format_path
 from ..dtypes import DType, dtype_of
+from ..parallel import run_all
+from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from ..rules.select import Select
-from ..tensors import chunks
+from ..tensors import chunks, nbytes
 from ..tree import iter_tensors
 
 __all__ = ["non_finite", "count_non_finite"]
@@ -52,9 +54,11 @@ def count_non_finite(leaf: Any) -> int:
     return bad
 
 
-def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str
+def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
+               progress: Progress = no_progress, jobs: int | None = None
                ) -> Iterator[tuple[str, str]]:
-    """(key, message) for every tensor with non-finite values, in the chosen scope."""
+    """(key, message) for every tensor with non-finite values, in the chosen scope;
+    tensors are read on ``jobs`` threads (numpy releases the GIL)."""
     tree = checkpoint.tree
     prefix: tuple[Any, ...] = ()
     if scope == "weights":
@@ -62,13 +66,18 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str
         tree = picked.tree
         chosen = str(result.details["picked"])
         prefix = () if chosen == "<root>" else (chosen,)
-    for path, leaf in iter_tensors(tree):
-        dtype = dtype_of(leaf)
-        if not (dtype.is_floating_point or dtype.is_complex):
-            continue
-        bad = count_non_finite(leaf)
+    floats = [(path, leaf) for path, leaf in iter_tensors(tree)
+              if dtype_of(leaf).is_floating_point or dtype_of(leaf).is_complex]
+    advance = progress(f"checking {checkpoint.source.path.name}",
+                       sum(nbytes(leaf) for _, leaf in floats))
+
+    def count(item: tuple[Any, Any]) -> int:
+        bad = count_non_finite(item[1])
+        advance(nbytes(item[1]))
+        return bad
+
+    counts = run_all(count, floats, jobs=jobs, size=lambda item: nbytes(item[1]))
+    for (path, leaf), bad in zip(floats, counts, strict=True):
         if bad:
-            numel = 1
-            for n in leaf.shape:
-                numel *= n
-            yield format_path((*prefix, *path)), f"{bad} of {numel} values are NaN or infinite"
+            yield (format_path((*prefix, *path)),
+                   f"{bad} of {leaf.numel()} values are NaN or infinite")

@@ -340,13 +340,13 @@ def compare_manifests(expected: Manifest, actual: Manifest) -> list[Finding]:
 
 
 def against_manifest(checkpoint: Checkpoint, expected: Manifest,
-                     options: NormalizeOptions | None = None, *,
-                     jobs: int | None = None) -> list[Finding]:
+                     options: NormalizeOptions | None = None, *, jobs: int | None = None,
+                     progress: Progress = no_progress) -> list[Finding]:
     """``check --against-manifest``: the artifact normalized as the manifest was, compared.
 
     ``options`` is unused: the manifest's own options decide what is compared.
     """
-    actual = manifest(checkpoint, manifest_options(expected), jobs=jobs)
+    actual = manifest(checkpoint, manifest_options(expected), jobs=jobs, progress=progress)
     return compare_manifests(expected, actual)
 
 

@@ -218,7 +218,8 @@ def executes_before(data: bytes, end: int) -> bool:
     before it, so a broken pickle can still act.
     """
     pos = 2 if data[:1] == b"\x80" else 0
-    depth, marks = 0, []  # what the unpickler's stack holds: an opcode short of operands fails
+    # the unpickler's stack depth and marks: an opcode short of operands fails there
+    depth, marks = 0, list[int]()
     while pos < end:
         op = data[pos]
         before, takes_mark, after, makes_mark = _STACK[op]
