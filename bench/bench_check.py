@@ -16,14 +16,12 @@ Data goes under bench/out/ (gitignored) and is deleted at the end.
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from bench.timing import best
 from fixtures.make_fixtures import recorded_on
 
 OUT = Path(__file__).with_name("out")
@@ -41,16 +39,6 @@ def make(path: Path, size_gb: float, protocol: int) -> Path:
     return path
 
 
-def timed(command: list[str], runs: int) -> float:
-    """Median wall time of ``runs`` fresh processes (exit 0 or 1 expected)."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 1):
-            raise SystemExit(f"{' '.join(command)} failed: {done.stderr.decode()}")
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -65,11 +53,11 @@ def main() -> None:
         for (label, path), protocol in zip(files.items(), (2, 4), strict=True):
             make(path, args.size_gb, protocol)
             print(f"{label}: {path.stat().st_size / (1 << 30):.2f} GiB")
-        baseline = timed([sys.executable, "-c", "import torch"], args.runs)
+        baseline = best([sys.executable, "-c", "import torch"], args.runs)
         print(f"{BASELINE:45s} {baseline:6.2f} s")
         for label, path in files.items():
             for command in (["check", str(path)], ["inspect", str(path)]):
-                seconds = timed([sys.executable, "-m", "ckptport", *command], args.runs)
+                seconds = best([sys.executable, "-m", "ckptport", *command], args.runs)
                 print(f"{'ckptport ' + command[0] + ' — ' + label:45s} {seconds:6.2f} s")
     finally:
         for path in files.values():

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
-import time
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
 import ckptport
+from bench.timing import best
 
 OUT = Path(__file__).with_name("out")
 
@@ -67,17 +66,6 @@ def make_zoo(root: Path, files: int) -> Path:
     return root
 
 
-def best(command: list[str], runs: int, clean: Path | None = None) -> float:
-    times = []
-    for _ in range(runs):
-        if clean is not None:
-            shutil.rmtree(clean, ignore_errors=True)
-        start = time.perf_counter()
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        times.append(time.perf_counter() - start)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(command)} failed: {done.stderr.decode()[-2000:]}")
-    return min(times)
 
 
 def main() -> None:
@@ -95,9 +83,10 @@ def main() -> None:
         single_src = next(zoo.rglob("checkpoint.pth.tar"))
         single = best([*ck, "normalize", str(single_src), str(OUT / "single.pth"), "-q",
                        "--overwrite"], args.runs)
-        one = best([*ck, "normalize", str(zoo), str(out), "--jobs", "1", "-q"], args.runs, out)
-        two = best([*ck, "normalize", str(zoo), str(out), "--jobs", "2", "-q"], args.runs, out)
-        resume = best([*ck, "normalize", str(zoo), str(out), "--jobs", "2", "-q"], args.runs)
+        folder = [*ck, "normalize", str(zoo), str(out), "-q", "--jobs"]
+        one = best([*folder, "1"], args.runs, clean=out)
+        two = best([*folder, "2"], args.runs, clean=out)
+        resume = best([*folder, "2"], args.runs)
         print("| command | wall s | |")
         print("|---|---:|---|")
         print(f"| one `ckptport normalize FILE` (start-up included) | {single:.2f} | |")

@@ -17,14 +17,13 @@ Data goes under bench/out/ (gitignored) and is deleted at the end.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from bench.heavy_classes import Atom, Entry
+from bench.timing import best
 
 OUT = Path(__file__).with_name("out")
 
@@ -49,15 +48,6 @@ def make(path: Path, objects: int) -> Path:
     return path
 
 
-def best(command: list[str], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 1):
-            raise SystemExit(f"{' '.join(command)} failed: {done.stderr.decode()[-2000:]}")
-    return min(times)
 
 
 def main() -> None:

@@ -231,6 +231,13 @@ HAND_ST = (
     + "save_file(state,dst)\n"
     + "fd=os.open(dst,os.O_RDONLY);os.fsync(fd);os.close(fd)\n"
 )
+SHA256_ONE_THREAD = (
+    "import hashlib,sys\n"
+    "h=hashlib.sha256()\n"
+    "with open(sys.argv[1],'rb') as f:\n"
+    "    while b:=f.read(1<<24): h.update(b)\n"
+    "print(h.hexdigest())\n"
+)
 NAIVE_COMPARE = (
     "import sys,torch\n"
     "from safetensors.torch import load_file\n"
@@ -356,6 +363,21 @@ def main() -> int:
         ),
         Row("`ckptport inspect SRC`", [ck, "inspect", S], floor="torch"),
         Row("`ckptport check SRC`", [ck, "check", S], floor="torch", ok_rc=(0, 1)),
+        Row(
+            "`hashlib.sha256` of SRC, one thread (hash floor)",
+            [py, "-c", SHA256_ONE_THREAD, S],
+        ),
+        Row(
+            "`ckptport manifest SRC -o m.json --overwrite`",
+            [ck, "manifest", S, "-o", str(OUT / "m.json"), "-q", "--overwrite"],
+            floor="sha256",
+            cleanup=[OUT / "m.json"],
+        ),
+        Row(
+            "`ckptport normalize SRC out.safetensors --jobs 1` (one worker)",
+            [ck, "normalize", S, str(o_st), "-q", "--overwrite", "--jobs", "1"],
+            floor="norm_st",
+        ),
     ]
     keys = [
         "cp",
@@ -370,6 +392,9 @@ def main() -> int:
         "diff",
         "inspect",
         "check",
+        "sha256",
+        "manifest",
+        "norm_st_1",
     ]
     by_key = dict(zip(keys, rows, strict=True))
 
@@ -422,9 +447,10 @@ def main() -> int:
         if key in ("norm_pth", "norm_st"):
             hand = by_key["hand_pth" if key == "norm_pth" else "hand_st"]
             if hand.runs:
-                out.append(
-                    f"wall ≤ hand-written {hand.wall:.2f}s: {_verdict(row.wall <= hand.wall)}"
-                )
+                floor = hand.wall
+                if key == "norm_st" and by_key["sha256"].runs:  # it records the source's hash
+                    floor = max(floor, by_key["sha256"].wall)
+                out.append(f"wall ≤ 1.15×{floor:.2f}s: {_verdict(row.wall <= 1.15 * floor)}")
             lim = 0.05 * size_mb + 200
             out.append(f"private ≤ {lim:.0f}MB: {_verdict(row.private <= lim)}")
         elif key == "diff":
@@ -437,6 +463,9 @@ def main() -> int:
             out.append(f"private ≤ {lim:.0f}MB: {_verdict(row.private <= lim)}")
         elif key in ("inspect", "check"):
             out.append(f"wall ≤ 0.5s: {_verdict(row.wall <= 0.5)}")
+        elif key == "manifest" and by_key["sha256"].runs:
+            limit = 0.6 * by_key["sha256"].wall
+            out.append(f"wall ≤ 0.6×sha256 = {limit:.2f}s: {_verdict(row.wall <= limit)}")
         if row.failed is not None:
             out.insert(0, row.note)
         return "; ".join(out)
