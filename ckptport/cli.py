@@ -28,6 +28,7 @@ from .escape import printable
 from .progress import Progress, no_progress
 from .render import formats_for
 from .rules import CAST_CHOICES, EMA_MODES, NormalizeOptions
+from .tree import paused_gc
 from .writers.plan import ANCHOR_PATTERN, Target
 
 __all__ = ["main", "cli"]
@@ -49,8 +50,11 @@ class _Group(click.Group):
         debug = os.environ.get("CKPTPORT_DEBUG") == "1"
         with contextlib.suppress(ValueError):  # not in the main thread
             signal.signal(signal.SIGTERM, _on_sigterm)
+        # a command is one short process: the cyclic collector's passes over a tree of
+        # millions of small objects cost more than anything they could free
         try:
-            return super().invoke(ctx)
+            with paused_gc():
+                return super().invoke(ctx)
         except CkptportError as exc:
             _fail(ctx, exc.line(), exc.exit_code, debug)
         except KeyboardInterrupt as exc:  # a message of its own says what was kept

@@ -16,6 +16,8 @@ headers are defined here too, once.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -155,6 +157,22 @@ def children(node: Any) -> list[tuple[Any, Any]] | None:
     if isinstance(node, argparse.Namespace):
         return list(vars(node).items())
     return None
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection while a big tree is walked or built.
+
+    Each collection traverses every live container, and a checkpoint can
+    hold millions: the collector's passes then cost more than the walk.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:

@@ -33,6 +33,7 @@ from ..tree import (
     is_state_dict,
     iter_nodes,
     iter_tensors,
+    paused_gc,
     type_name,
 )
 from ..unpickle.snapshots import TORCH_DEFAULT_NAMES
@@ -130,7 +131,9 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         sha256 = sha256_files(source.files)
     weights_path, weights = _weights(checkpoint)
     beyond, dangerous = classify_globals(source)
-    survey = _Survey(tree, set(dangerous))
+    with paused_gc():
+        survey = _Survey(tree, set(dangerous))
+        layout = survey.layout(depth)
     unique = {view_key(t): t for _, t in survey.tensors}
     by_dtype: Counter[str] = Counter()
     for tensor in unique.values():
@@ -141,7 +144,7 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         format=source.format,
         size=source.size,
         sha256=sha256,
-        layout=survey.layout(depth),
+        layout=layout,
         tensors=len(unique),
         parameters=sum(t.numel() for t in _unique_tensors(weights).values()),
         weights=weights_path,
@@ -227,7 +230,7 @@ class _Survey:
                 counts[name] += 1
             below = children(node)
             if below:
-                if type(node) is not list and is_state_dict(node):
+                if isinstance(node, dict) and is_state_dict(node):
                     self.state_dicts.append((path, node))
                 stack.extend(((*path, key), child) for key, child in reversed(below)
                              if type(child) not in _PLAIN)
@@ -253,7 +256,10 @@ class _Survey:
             entries = [(k, v) for k, v in entries if v not in (None, (), {}, [])]
         summary = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
         shown: list[LayoutNode] = []
-        if depth > 0:
+        if depth > 0 and not count:  # no tensor below: the first entries are all it shows
+            shown = [self._node((*path, k), str(k), v, depth - 1)
+                     for k, v in entries[:PLAIN_SHOWN]]
+        elif depth > 0:
             plain = 0
             for k, v in entries:
                 below = (*path, k)

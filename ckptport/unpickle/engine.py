@@ -27,7 +27,6 @@ stand-ins into the tree's vocabulary.
 
 from __future__ import annotations
 
-import gc
 import io
 import pickle
 import re
@@ -39,6 +38,7 @@ from typing import Any
 
 from ..dtypes import DType
 from ..tensors import StorageInfo
+from ..tree import paused_gc
 from . import names
 from .allowed import allowed_names, table
 from .names import Kind, Name
@@ -199,15 +199,11 @@ def bounded(data: bytes, found: Scan, unpickler: Callable[[Any], Any]) -> Any:
     failure: list[BaseException] = []
 
     def work() -> None:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            result.append(unpickler(window).load())
-        except BaseException as exc:  # re-raised below, in the calling thread
-            failure.append(exc)
-        finally:
-            if enabled:
-                gc.enable()
+        with paused_gc():
+            try:
+                result.append(unpickler(window).load())
+            except BaseException as exc:  # re-raised below, in the calling thread
+                failure.append(exc)
 
     depth = tuple_depth_bound(data, found.start, found.end)
     if depth <= SAFE_TUPLE_DEPTH:
@@ -263,7 +259,8 @@ def unpickle(data: bytes, start: int = 0, *, storage: StorageHook | None = None,
     load = _Load(found.protocol, storage, lenient)
     value = _run(data, found, load)
     try:
-        settled: Settled = settle(value, load.registry)
+        with paused_gc():
+            settled: Settled = settle(value, load.registry)
     except Refusal as exc:
         raise PickleRefused(str(exc), seen=tuple(load.seen.values())) from None
     if settled.calls and not lenient:

@@ -131,6 +131,12 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 continue
             at = pos
             k = kind[op]
+            if k == _COUNTED1 and frame_end < 0:  # short strings: most of a big pickle
+                pos += 2 + data[pos + 1]
+                if pos > end:
+                    raise ScanError(f"a pickle opcode at byte {at} declares {pos - at - 2} "
+                                    f"bytes, past the end of the data", at)
+                continue
             if k == _FIXED:
                 pos += skip
             elif k == _COUNTED4:
