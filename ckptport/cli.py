@@ -167,10 +167,11 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None
 
 def _is_checkpoint_folder(path: Path) -> bool:
     """A shard set, DCP or Hugging Face folder (one checkpoint), not a folder of them."""
+    from .containers.shard_index import find_index
     from .readers import HF_WEIGHTS
     from .readers.dcp import is_dcp
 
-    return is_dcp(path) or any(p.name.endswith(".index.json") for p in path.iterdir()) or \
+    return is_dcp(path) or find_index(path) is not None or \
         any((path / name).exists() for name in HF_WEIGHTS)
 
 

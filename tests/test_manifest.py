@@ -196,3 +196,12 @@ def test_manifest_of_a_zip_checkpoint_imports_no_torch(fx):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_a_manifest_never_replaces_the_source_or_dst(fx, tmp_path, run):
+    src = tmp_path / "src.pth"
+    src.write_bytes(fx["ddp_cuda3"].read_bytes())
+    before = src.read_bytes()
+    result = run("normalize", src, tmp_path / "out.pth", "--manifest", src)
+    assert result.exit_code == 2 and "manifest elsewhere" in result.stderr
+    assert src.read_bytes() == before and not (tmp_path / "out.pth").exists()

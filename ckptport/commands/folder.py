@@ -31,10 +31,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, CkptportError, InputError, OutputError
 from ..parallel import workers
@@ -44,6 +43,9 @@ from ..writers.plan import FILE_EXTENSIONS, Target
 from .discover import Found, discover, inside
 from .manifest import options_of
 from .normalize import sha256_files
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = ["FolderOptions", "FileOutcome", "FolderReport", "normalize_folder", "plan_folder",
            "JOURNAL_DIR", "in_part"]
@@ -325,6 +327,8 @@ def _run(todo: list[_Task], src: Path, dst: Path, settings: FolderOptions
         for task in order:
             yield _convert(task, src, dst, settings)
         return
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # not at start-up
+
     with ProcessPoolExecutor(max_workers=count, initializer=_quiet_worker) as pool:
         pending: set[Future[dict[str, Any]]] = set()
         queue = iter(order)

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import SourceFacts
-from ..errors import InputError
+from ..errors import InputError, OutputError
 from ..progress import Progress, no_progress
 from ..readers import Source, open_checkpoint, resolve
 from ..rules import NormalizeOptions, RuleResult, apply_rules
 from ..tree import KEY_RULES, KEY_SOURCE_SHA256
 from ..writers import WriteOptions, WriteResult, write_to
-from ..writers.plan import Target, check_destination, plan_destination
+from ..writers.plan import Target, check_destination, plan_destination, same_file
 from ..writers.safetensors import MetadataValue, Pending
 from .manifest import WrittenDigests, build_manifest, write_manifest
 
@@ -124,8 +124,9 @@ def normalize_file(
     destination = plan_destination(dst, to, max_shard_size)
     source = src if isinstance(src, Source) else resolve(src)
     check_destination(source.files, destination, overwrite)
-    if manifest is not None:
-        check_destination(source.files, plan_destination(manifest, "pth"), overwrite=True)
+    if manifest is not None and any(same_file(Path(manifest), p)
+                                    for p in (*source.files, destination.path)):
+        raise OutputError("is the source or DST; write the manifest elsewhere", manifest)
     before = _snapshot(source.files)
 
     def unchanged() -> None:
