@@ -62,7 +62,7 @@ def test_past_fuzz_findings_stay_fixed(fx, tmp_path):
     import ckptport
 
     dcp_folder = tmp_path / "dcp"
-    ckptport.convert(fx["ddp_cuda3"], dcp_folder, to="dcp")
+    ckptport.normalize_file(fx["ddp_cuda3"], dcp_folder, to="dcp")
     corpus = sorted((Path(__file__).parent / "corpus").iterdir())
     assert corpus
     for case in corpus:
