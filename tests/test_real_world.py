@@ -327,6 +327,7 @@ def test_torchscript_with_trust(real: dict[str, RealCase], run: Run, tmp_path: P
     assert_state(case, case.expected, out)
     assert run("diff", "--trust", case.path, out).exit_code == 0
     checked = run("check", case.path)
+    assert checked.exit_code == 1, checked.stderr  # CKP011: an error finding, not unreadable
     assert "TorchScript" in checked.stdout and "CKP008" not in checked.stdout
 
 
@@ -343,11 +344,16 @@ def test_inspect_reports_the_recorded_device(real: dict[str, RealCase], run: Run
 
 def test_check_finds_pth_tar_files_in_folders(real: dict[str, RealCase], run: Run) -> None:
     case = case_of(real, "pth_tar_folder")
-    result = run("check", case.path)
-    text = result.stdout + result.stderr
-    assert "no checkpoint" not in text
-    for member in case.members:
-        assert member.name in text, f"{member} not checked"
+    result = run("check", case.path, "--format", "json")
+    assert result.exit_code == 1, result.stderr  # warnings on every file, none unreadable
+    assert result.stderr == ""
+    doc = json.loads(result.stdout)
+    files = {Path(f["path"]): f for f in doc["files"]}
+    assert set(files) == set(case.members)
+    assert doc["skipped"] == [] and doc["findings"] == 2 * len(case.members)
+    for member, report in files.items():  # each read: saved on a GPU, wrapped in DDP
+        assert report["unreadable"] is False, member
+        assert sorted(f["code"] for f in report["findings"]) == ["CKP001", "CKP004"], member
 
 
 # --------------------------------------------------------------------------
