@@ -16,6 +16,7 @@ points here):
   does not run (say why in the text).
 - A `````python`` block runs in the same folder, in one namespace per document,
   so a later block may use what an earlier one made.
+- Every test a document names (```tests/test_x.py::test_name```) exists.
 - Every ``--option`` of a ``ckptport COMMAND`` line in any block (yaml
   included), and in the first cell of a table under a heading that names
   ``ckptport COMMAND``, is an option of that command's ``--help``.
@@ -228,6 +229,19 @@ def test_every_option_named_is_one_the_command_has(document: Path) -> None:
                       re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", first) if option not in known]
     assert not wrong, f"{document.name} names options that --help does not list:\n" + \
         "\n".join(wrong)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_test_named_exists(document: Path) -> None:
+    """A guarantee names its test as ``tests/FILE.py`` or ``tests/FILE.py::test_name``."""
+    missing = []
+    for file, name in re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", document.read_text()):
+        path = ROOT / file
+        if not path.is_file():
+            missing.append(file)
+        elif name and not re.search(rf"^def {name}\(", path.read_text(), re.MULTILINE):
+            missing.append(f"{file}::{name}")
+    assert not missing, f"{document.name} names tests that do not exist: {missing}"
 
 
 def test_the_rules_see_what_they_check() -> None:
