@@ -36,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,11 +133,11 @@ def unknown_options(line: str) -> list[str]:
 class Workspace:
     """The folder a document's examples run in, and how they run there."""
 
-    def __init__(self, folder: Path, shims: Path) -> None:
+    def __init__(self, folder: Path, shims: Path, module: types.ModuleType) -> None:
         self.folder = folder
         self.env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
                     "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.namespace: dict[str, object] = {"__name__": "__doc_example__"}
+        self.namespace = module.__dict__  # a real module: dataclasses look their module up
 
     def shell(self, command: str) -> tuple[int, str]:
         """Exit code and output of ``command``, run in this folder."""
@@ -171,7 +172,9 @@ def test_every_example_runs_as_written(document: Path, tmp_path: Path, shims: Pa
     (tmp_path / "fixtures").mkdir()
     shutil.copyfile(FIXTURE, tmp_path / "fixtures" / FIXTURE.name)
     monkeypatch.chdir(tmp_path)
-    space = Workspace(tmp_path, shims)
+    module = types.ModuleType("__doc_example__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    space = Workspace(tmp_path, shims, module)
     name = document.relative_to(ROOT).as_posix()
     failures = []
     for block in blocks(document.read_text()):
