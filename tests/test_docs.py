@@ -16,6 +16,7 @@ points here):
   does not run (say why in the text).
 - A `````python`` block runs in the same folder, in one namespace per document,
   so a later block may use what an earlier one made.
+- Every relative link leads to a file, and its ``#anchor`` to a heading.
 - Every test a document names (```tests/test_x.py::test_name```) exists.
 - Every ``--option`` of a ``ckptport COMMAND`` line in any block (yaml
   included), and in the first cell of a table under a heading that names
@@ -245,6 +246,30 @@ def test_every_test_named_exists(document: Path) -> None:
         elif name and not re.search(rf"^def {name}\(", path.read_text(), re.MULTILINE):
             missing.append(f"{file}::{name}")
     assert not missing, f"{document.name} names tests that do not exist: {missing}"
+
+
+def anchors(document: Path) -> set[str]:
+    """The anchors GitHub makes of a document's headings."""
+    slugs = set()
+    for line in document.read_text().splitlines():
+        if HEADING.match(line):
+            title = line.lstrip("#").strip().lower()
+            slugs.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return slugs
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_leads_somewhere(document: Path) -> None:
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", document.read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        path = (document.parent / target) if target else document
+        if not path.exists():
+            broken.append(target)
+        elif anchor and anchor not in anchors(path):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{document.name} links to what does not exist: {broken}"
 
 
 def test_the_rules_see_what_they_check() -> None:
