@@ -10,6 +10,7 @@ anything slow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -123,16 +124,48 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
         click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
                      show_default=True, help="Cast floating-point tensors."),
+        *_key_options,
     ]
+
+    @functools.wraps(func)
+    def keyed(*args: Any, subtree: str | None, keep: tuple[str, ...], drop: tuple[str, ...],
+              rename: tuple[tuple[str, str], ...], map_file: Path | None, **kwargs: Any) -> Any:
+        # the key-surgery options reach _options through the context, so the commands'
+        # signatures stay as they are
+        click.get_current_context().meta[_KEYS] = {
+            "subtree": subtree, "keep": keep, "drop": drop, "rename": rename,
+            "recipe": map_file}
+        return func(*args, **kwargs)
+
     for option in reversed(options):
-        func = option(func)
-    return func
+        keyed = option(keyed)
+    return keyed
+
+
+_KEYS = "ckptport.key_options"
+_key_options = [
+    click.option("--subtree", metavar="PREFIX",
+                 help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
+                      "Runs after prefix stripping; then --keep/--drop, then --rename."),
+    click.option("--keep", multiple=True, metavar="GLOB",
+                 help="Keep only keys matching a shell-style GLOB ('layer*'). Repeatable."),
+    click.option("--drop", multiple=True, metavar="GLOB",
+                 help="Drop keys matching GLOB ('*.num_batches_tracked'), after --keep. "
+                      "Repeatable."),
+    click.option("--rename", multiple=True, nargs=2, metavar="PATTERN REPLACEMENT",
+                 help="re.sub(PATTERN, REPLACEMENT) on every key, groups allowed "
+                      "('^blocks\\.(\\d+)\\.' 'layers.\\1.'). Repeatable, in order; last."),
+    click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
+                 help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
+                      "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
+]
 
 
 def _options(select: str, ema: str, strip_prefix: tuple[str, ...], keep_prefixes: bool,
              dtype: str) -> NormalizeOptions:
     return NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                            keep_prefixes=keep_prefixes, dtype=dtype)
+                            keep_prefixes=keep_prefixes, dtype=dtype,
+                            **click.get_current_context().meta.get(_KEYS, {}))
 
 
 def _report_format(command: str) -> Callable[..., Any]:
