@@ -252,6 +252,13 @@ def cli() -> None:
                    "machines share a folder with no coordination.")
 @click.option("--dry-run", is_flag=True,
               help="Folder mode: list what would be converted (part I/N) and stop.")
+@click.option("--metadata", type=click.Choice(["keep", "drop"]), default="keep",
+              show_default=True,
+              help="A safetensors source's own metadata (modelspec, ss_*, notes) in a "
+                   "safetensors DST: carried, or left out.")
+@click.option("--hash-name", is_flag=True,
+              help="Name the output STEM-<first 8 hex of its sha256>.EXT (what torch.hub's "
+                   "check_hash verifies) and print that name. One file only.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
@@ -259,8 +266,8 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
               strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
-              part: tuple[int, int] | None, dry_run: bool, quiet: bool,
-              report_format: str) -> None:
+              part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
+              quiet: bool, report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
@@ -275,19 +282,26 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
 
     options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
     if src.is_dir() and not _is_checkpoint_folder(src):
-        if manifest_path is not None or max_shard_size is not None or dcp_key is not None:
+        if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
+                or hash_name:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size and --dcp-key apply to one SRC")
+                                   "--max-shard-size, --dcp-key and --hash-name apply to one "
+                                   "SRC")
         from .commands.folder import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:
             folder_report = normalize_folder(src, dst, FolderOptions(
                 options=options, to=to or "pth", anchor=anchor, overwrite=overwrite,
-                verify=verify, jobs=jobs, part=part, dry_run=dry_run), progress=progress)
+                verify=verify, jobs=jobs, part=part, dry_run=dry_run, metadata=metadata),
+                progress=progress)
         click.echo(formatter(report_format).folder(folder_report))
         ctx.exit(folder_report.exit_code)
     if part is not None or dry_run:
         raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
+    if hash_name and (max_shard_size is not None or to == "dcp" or dst.is_dir()
+                      or str(dst).endswith(os.sep)):
+        raise click.UsageError("--hash-name names one file by its sha256; a shard set or DCP "
+                               "folder has many")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
@@ -296,7 +310,8 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
         report = normalize_file(src, dst, options,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
-                                manifest=manifest_path, jobs=jobs, progress=progress)
+                                manifest=manifest_path, jobs=jobs, metadata=metadata,
+                                hash_name=hash_name, progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
 
@@ -355,11 +370,15 @@ def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, 
 @_report_format("diff")
 @click.option("--plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Also draw per-tensor max relative error, in model order (needs matplotlib).")
+@click.option("--map-a", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to A only.")
+@click.option("--map-b", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to B only.")
 @click.pass_context
 def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
          strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, raw: bool, atol: float,
          rtol: float, cast: bool, trust: bool, limit: int, quiet: bool, report_format: str,
-         plot: Path | None) -> None:
+         plot: Path | None, map_a: Path | None, map_b: Path | None) -> None:
     """Compare checkpoints A and B (any formats, or a manifest), both normalized alike first.
 
     Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
@@ -370,9 +389,10 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
     from .render import formatter
 
     options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
-    if raw and options != NormalizeOptions():
+    if raw and (options != NormalizeOptions() or map_a or map_b):
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
-                               "--select, --ema, --strip-prefix, --keep-prefixes or --dtype")
+                               "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
+                               "the key options")
     if trust:
         click.echo("ckptport: warning: --trust: both files are unpickled with full Python; "
                    "any code in them runs", err=True)
@@ -380,7 +400,7 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
         progress(f"reading {a} and {b}", 0)
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
                                   options=None if raw else options, raw=raw, trust=trust,
-                                  progress=progress)
+                                  map_a=map_a, map_b=map_b, progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
         from .commands.plot import plot_drift

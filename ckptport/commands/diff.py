@@ -33,9 +33,9 @@ from typing import Any
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..compare import leaf_equal
 from ..dtypes import DType, dtype_of
+from ..errors import RuleError
 from ..progress import Advance, Progress, no_progress
 from ..readers import open_checkpoint
-from ..errors import RuleError
 from ..rules import NormalizeOptions, Recipe, apply_rules
 from ..tensors import chunks, view_key
 from ..tree import children
