@@ -142,9 +142,9 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     versions = getattr(state, "_metadata", None)
     if versions is not None:
         renamed._metadata = _versions_for(model, versions)  # type: ignore[attr-defined]
-    mismatched = tuple((k, tuple(v.shape), tuple(model_state[k].shape))
-                       for k, v in renamed.items()
-                       if k in model_state and tuple(v.shape) != tuple(model_state[k].shape))
+    mismatched = tuple((k, tuple(renamed[k].shape), tuple(t.shape))  # in the model's order
+                       for k, t in model_state.items()
+                       if k in renamed and tuple(renamed[k].shape) != tuple(t.shape))
     if mismatched and not ignore_mismatched_sizes:
         raise StateDictMismatchError(_shapes(mismatched), where)
     for name, _, _ in mismatched:
