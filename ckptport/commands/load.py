@@ -45,9 +45,10 @@ def with_keys(options: NormalizeOptions | None, *, subtree: str | None = None,
               map: Recipe | str | os.PathLike[str] | None = None) -> NormalizeOptions | None:  # noqa: A002
     """``options`` with the key-surgery keywords of the Python API added (``map``: a recipe
     file, as ``--map``)."""
-    given = {name: value for name, value in (("subtree", subtree), ("keep", tuple(keep)),
-                                             ("drop", tuple(drop)), ("rename", tuple(rename)),
-                                             ("recipe", map)) if value}
+    given: dict[str, Any] = {
+        name: value for name, value in (("subtree", subtree), ("keep", tuple(keep)),
+                                        ("drop", tuple(drop)), ("rename", tuple(rename)),
+                                        ("recipe", map)) if value}
     return replace(options or NormalizeOptions(), **given) if given else options
 
 
