@@ -283,6 +283,14 @@ def test_bad_recipe_exit_2_names_the_file(run, det, tmp_path, name, text, messag
     assert not out.exists()
 
 
+def test_python_310_reads_json_recipes_and_says_why_not_toml(det, monkeypatch):
+    monkeypatch.setattr("sys.version_info", (3, 10, 14))
+    assert load_recipe(det["json"]).steps[0].args == ("backbone",)
+    with pytest.raises(RuleError, match=r"TOML recipes need Python 3.11\+ \(tomllib\); write "
+                                        "the recipe as JSON"):
+        load_recipe(det["toml"])
+
+
 def test_invalid_toml_names_the_line(tmp_path):
     recipe = tmp_path / "bad.toml"
     recipe.write_text('steps = [\n  { subtree = "a" },\n  { drop = [ }\n]\n')
@@ -305,6 +313,15 @@ def test_manifest_with_steps_equals_manifest_of_the_normalized_file(run, det, tm
     assert made["options"]["subtree"] == "backbone"
     assert made["options"]["drop"] == ["*.num_batches_tracked"]
     assert "subtree" not in other["options"]  # unused options are not recorded
+
+
+def test_normalize_manifest_checks_its_own_output(run, det, tmp_path):
+    out, manifest = tmp_path / "bb.pth", tmp_path / "m.json"
+    assert run("normalize", det["det"], out, "--map", det["toml"], "--manifest",
+               manifest).exit_code == 0
+    result = run("check", out, "--against-manifest", manifest, "--codes", "CKP010")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "map" not in json.loads(manifest.read_text())["options"]
 
 
 def test_manifest_records_the_recipe_and_check_reapplies_it(run, det, tmp_path):

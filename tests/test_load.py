@@ -218,5 +218,9 @@ def test_buffers_no_checkpoint_holds_are_reported_on_meta(hub):
 
 def test_a_load_that_loads_nothing_is_an_error(tied_net):
     _, path = tied_net
+    with pytest.raises(ckptport.CkptportError, match="give a floating-point torch.dtype"):
+        ckptport.load_into(TiedNet(), path, dtype=torch.int64)
+    with pytest.raises(ckptport.CkptportError, match="cannot move the model to nowhere"):
+        ckptport.load_into(TiedNet(), path, device="nowhere")
     with pytest.raises(StateDictMismatchError, match="filled no tensor"):
         ckptport.load_into(nn.Linear(2, 2), path, strict=False)

@@ -132,9 +132,12 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     """
     import torch
 
+    where = os.fspath(path)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise CkptportError(f"dtype={dtype!r}: give a floating-point torch.dtype (it applies "
+                            "to floating-point tensors only)", where)
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     state = load_state_dict(path, options=options, trust=trust)
-    where = os.fspath(path)
     model_state = model.state_dict(keep_vars=True)
     model_keys = list(model_state)
     by_stripped = {strip_key(key) or key: key for key in model_keys}
@@ -172,7 +175,11 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     if on_meta:
         _retie(model, model_state)
     elif device is not None or dtype is not None:
-        model.to(device=device, dtype=dtype)
+        try:
+            model.to(device=device, dtype=dtype)
+        except (AssertionError, RuntimeError, ValueError) as exc:  # no such device here
+            raise CkptportError(f"cannot move the model to {device}: "
+                                f"{str(exc).splitlines()[0]}", where) from None
     left = _left_on_meta(model, missing)  # listed as missing: the caller must fill them
     unfillable = tuple(name for name in left if name not in skipped)
     if unfillable and strict:

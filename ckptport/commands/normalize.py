@@ -97,7 +97,9 @@ def _snapshot(files: tuple[Path, ...]) -> list[tuple[int, int, int]]:
 def _provenance(sha256: Pending, results: tuple[RuleResult, ...]
                 ) -> Mapping[str, MetadataValue]:
     """The file this run read, and what this run's rules did to it."""
-    applied = {r.rule: r.summary for r in results if r.changed}
+    applied: dict[str, str] = {}
+    for r in (r for r in results if r.changed):  # a rule may run more than once (renames)
+        applied[r.rule] = f"{applied[r.rule]}; {r.summary}" if r.rule in applied else r.summary
     return {KEY_SOURCE_SHA256: sha256,
             KEY_RULES: json.dumps(applied, sort_keys=True, separators=(",", ":"))}
 
@@ -181,8 +183,11 @@ def normalize_file(
         written = replace(written, path=final, files=(final,))
     made = None
     if manifest is not None and digests is not None:
-        made = build_manifest(normalized.checkpoint, options or NormalizeOptions(), jobs=jobs,
-                              known=digests.done, progress=progress)
+        # the manifest describes DST, whose keys the key steps already made: checking DST
+        # against it must not apply them again
+        made = build_manifest(normalized.checkpoint, replace(
+            options or NormalizeOptions(), subtree=None, keep=(), drop=(), rename=(),
+            recipe=None), jobs=jobs, known=digests.done, progress=progress)
         write_manifest(made, manifest)
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
