@@ -456,3 +456,19 @@ def test_hash_name_refuses_a_shard_set(run, det, tmp_path):
                  "--hash-name")
     assert result.exit_code == 2 and "--hash-name names one file" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_folder_mode_takes_the_steps_and_refuses_hash_name(run, det, tmp_path):
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.pth", "sub/b.pth"):
+        (folder / name).write_bytes(det["det"].read_bytes())
+    out = tmp_path / "out"
+    refused = run("normalize", folder, out, "--map", det["toml"], "--hash-name")
+    assert refused.exit_code == 2 and "--hash-name" in refused.stderr and not out.exists()
+    result = run("normalize", folder, out, "--map", det["toml"], "--jobs", "1")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    for name in ("a.pth", "sub/b.pth"):
+        assert list(_loaded(out / name)) == ["stage0.weight", "stage0.bias", "stage1.weight",
+                                             "stage1.bias", "stage1.running_mean",
+                                             "stage1.running_var"]
