@@ -44,6 +44,14 @@ def real(real_root: Path) -> dict[str, Any]:
     return build_real_world(real_root)
 
 
+@pytest.fixture(scope="session")
+def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Valid encodings every command must accept (``fixtures/valid_corpus.py``)."""
+    from fixtures.valid_corpus import build_valid
+
+    return build_valid(tmp_path_factory.mktemp("valid"))
+
+
 @pytest.fixture
 def run():
     """Invoke the CLI in-process; stdout and stderr kept apart."""

@@ -30,6 +30,7 @@ from ckptport.errors import CkptportError
 from ckptport.readers import open_checkpoint
 from ckptport.tensors import chunks
 from ckptport.tree import ObjectRecord, format_path, iter_nodes, iter_tensors
+from fixtures.valid_corpus import VALID_NAMES
 
 Entry = tuple[str, tuple[int, ...], str]  # dtype, shape, sha256 of the canonical bytes
 
@@ -39,7 +40,7 @@ import torch
 warnings.simplefilter("ignore")
 
 def digest(t):
-    t = t.detach().contiguous().reshape(-1)
+    t = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
 
 def flat(x, prefix, out):
@@ -50,6 +51,9 @@ def flat(x, prefix, out):
             dtype = str(x.dtype).removeprefix("torch.")
             out[prefix or "<root>"] = [dtype, list(x.shape), digest(x)]
         return True
+    if isinstance(x, torch.nn.Module):  # a whole pickled model: the tensors it holds
+        flat(x.state_dict(), prefix, out)
+        return False
     if isinstance(x, dict):
         return all([flat(v, f"{prefix}.{k}" if prefix else str(k), out) for k, v in x.items()])
     if type(x) in (list, tuple):
@@ -100,8 +104,9 @@ def _same(a: dict[str, Entry], b: dict[str, Entry], by_name: bool) -> bool:
     return a == b if by_name else Counter(a.values()) == Counter(b.values())
 
 
-def _candidates(fx: dict[str, Path], corpus: dict[str, Any]) -> list[Path]:
-    paths = list(fx.values()) + [case.path for case in corpus.values()]
+def _candidates(fx: dict[str, Path], corpus: dict[str, Any], valid: dict[str, Path]
+                ) -> list[Path]:
+    paths = list(fx.values()) + [case.path for case in corpus.values()] + list(valid.values())
     paths += sorted((Path(__file__).parent / "corpus").glob("*.pth"))
     return [p for p in dict.fromkeys(paths) if stat.S_ISREG(p.lstat().st_mode)]
 
@@ -133,6 +138,7 @@ COMPARED = (
     "st_fake_source_sha256.safetensors", "st_leading_whitespace.safetensors",
     "st_f8_e8m0.safetensors", "st_metadata_prefixed_name.safetensors",
     "st_offsets_out_of_order.safetensors",
+    *VALID_NAMES,  # every encoding torch has written (fixtures/valid_corpus.py)
 )
 # accepted and normalized; torch.load fails on it (its classes are not importable)
 TORCH_CANNOT_LOAD = {"lightning.ckpt": "ModuleNotFoundError"}
@@ -212,10 +218,14 @@ REFUSED: dict[str, tuple[str, ...]] = {
         "call_torch_storage__load_from_bytes.pt", "call_torch_storage__load_from_bytes_legacy.pt",
         "torch_load_from_bytes_nested.pt",
     ),
-    "allowlist: wave.open,": ("call_wave_open.pt", "call_wave_open_legacy.pt"),
-    "allowlist: sqlite3.connect,": ("call_sqlite3_connect.pt", "call_sqlite3_connect_legacy.pt"),
+    "allowlist: wave.Wave_write,": ("call_wave_Wave_write.pt", "call_wave_Wave_write_legacy.pt"),
+    "allowlist: aifc.Aifc_write,": ("call_aifc_Aifc_write.pt", "call_aifc_Aifc_write_legacy.pt"),
+    "allowlist: sunau.Au_write,": ("call_sunau_Au_write.pt", "call_sunau_Au_write_legacy.pt"),
+    "allowlist: sqlite3.Connection,": (
+        "call_sqlite3_Connection.pt", "call_sqlite3_Connection_legacy.pt",
+    ),
     "allowlist: mailbox.Maildir,": ("call_mailbox_Maildir.pt", "call_mailbox_Maildir_legacy.pt"),
-    "allowlist: aifc.open,": ("call_aifc_open.pt", "call_aifc_open_legacy.pt"),
+    "allowlist: mailbox.MH,": ("call_mailbox_MH.pt", "call_mailbox_MH_legacy.pt"),
     "corrupt or truncated zip archive": ("truncated.pth",),
     "not a PyTorch or safetensors checkpoint": ("random.pth",),
     "empty file (0 bytes)": ("empty.pth",),
@@ -385,10 +395,10 @@ class Verdicts:
 
 
 @pytest.fixture(scope="module")
-def verdicts(fx, corpus, tmp_path_factory) -> Verdicts:
+def verdicts(fx, corpus, valid, tmp_path_factory) -> Verdicts:
     out_dir = tmp_path_factory.mktemp("agreement")
     accepted, code_running, refused, normalize_refused = {}, [], {}, {}
-    for index, path in enumerate(_candidates(fx, corpus)):
+    for index, path in enumerate(_candidates(fx, corpus, valid)):
         assert path.name not in {*accepted, *code_running, *refused, *normalize_refused}, \
             f"two candidate files are named {path.name}: the tables go by name"
         try:

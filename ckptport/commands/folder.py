@@ -35,11 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, CkptportError, InputError, OutputError
+from ..errors import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    CkptportError,
+    InputError,
+    OptionError,
+    OutputError,
+)
 from ..parallel import workers
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from ..writers.plan import FILE_EXTENSIONS, Target
+from ..writers.plan import file_extension as _extension
 from .discover import Found, discover, inside
 from .manifest import options_of
 from .normalize import sha256_files
@@ -164,6 +172,9 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
     if not found.checkpoints:
         raise InputError("is a directory with no checkpoint in it (no checkpoint file, shard "
                          "set, DCP or Hugging Face folder below it)", src)
+    if _extension(dst):
+        raise OptionError(f"is a folder of checkpoints, which folder mode writes to a folder, "
+                          f"but DST {dst} names a file; name a folder", src)
     tasks: list[_Task] = []
     failed: list[FileOutcome] = []
     taken: dict[str, str] = {}

@@ -140,7 +140,7 @@ def torch_would_unpickle(source: SourceFile) -> bool:
         scan(head, 0)
         return True
     except ScanError as exc:
-        if source.size <= len(head) or not _ran_out(exc, head):
+        if source.size <= len(head) or not exc.truncated:
             return executes_before(head, exc.position)
     data = _WholeFile(source)
     try:
@@ -148,12 +148,6 @@ def torch_would_unpickle(source: SourceFile) -> bool:
         return True
     except ScanError as exc:
         return executes_before(data, exc.position)
-
-
-def _ran_out(exc: ScanError, head: bytes) -> bool:
-    """Whether the scan of the first bytes stopped for want of the rest of the file."""
-    return "past the end" in str(exc) or "without STOP" in str(exc) or \
-        "remain" in str(exc) or exc.position >= len(head) - 16
 
 
 def _safetensors_shaped(source: SourceFile, head: bytes) -> bool:

@@ -20,13 +20,15 @@ import os
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..dtypes import DType
 from ..errors import CkptportError, CodeArchiveError, InputError
 from ..sources import SourceFile, check_regular, open_source
 from ..tensors import to_torch
-from ..tree import map_tree
+from ..tree import is_tensor, map_tree
+from ..unpickle.values import Device, Size
 from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
-from .dcp import DcpReader, is_dcp
+from .dcp import DcpReader, dcp_metadata, is_dcp
 from .legacy import LegacyReader
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
@@ -48,7 +50,7 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     target = given
     if given.is_dir():
         if is_dcp(given):
-            return Source(given, SourceKind.DCP, given, (given / ".metadata",), Format.DCP)
+            return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
         index = find_index(given)
         target = index if index is not None else _hf_weights(given)
     if target.name.endswith(".index.json"):
@@ -157,6 +159,8 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     made: dict[int, object] = {}
 
     def leaf(path: tuple[object, ...], value: object) -> object:
+        if type(value) in _PLAIN:  # most leaves of a big tree: nothing to make
+            return value
         if id(value) not in made:
             made[id(value)] = _torch_value(value, storages)
         return made[id(value)]
@@ -164,21 +168,16 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     return checkpoint.with_tree(map_tree(checkpoint.tree, leaf))
 
 
-def _torch_value(value: object, storages: dict[int, object]) -> object:
-    from ..dtypes import DType
-    from ..tree import is_tensor
-    from ..unpickle.values import Device, Size
+_PLAIN = frozenset({int, float, str, bool, bytes, complex, type(None)})
 
+
+def _torch_value(value: object, storages: dict[int, object]) -> object:
     if is_tensor(value):
         return to_torch(value, storages)
-    if isinstance(value, Size):
+    if isinstance(value, (Size, Device)):
         import torch
 
-        return torch.Size(value)
-    if isinstance(value, Device):
-        import torch
-
-        return torch.device(str(value))
+        return torch.Size(value) if isinstance(value, Size) else torch.device(str(value))
     if isinstance(value, DType):
         return value.to_torch()
     return value

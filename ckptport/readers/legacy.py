@@ -62,8 +62,7 @@ class _Layout:
                 self.read.append(done)
                 return done
             except PickleRefused as exc:
-                if exc.position is None or exc.position < len(self.data) or \
-                        len(self.data) == self.source.size:
+                if not exc.truncated or len(self.data) == self.source.size:
                     raise
             self.data = self.source.read(0, min(self.source.size, 4 * len(self.data)))
 

@@ -69,11 +69,13 @@ class PickleRefused(Exception):
     """
 
     def __init__(self, message: str, names_: tuple[Name, ...] = (),
-                 seen: tuple[Name, ...] = (), position: int | None = None) -> None:
+                 seen: tuple[Name, ...] = (), position: int | None = None,
+                 truncated: bool = False) -> None:
         super().__init__(message)
         self.names = names_
         self.seen = seen
         self.position = position
+        self.truncated = truncated  # the data ran out: a longer read may complete it
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,8 @@ def unpickle(data: bytes, start: int = 0, *, storage: StorageHook | None = None,
         found = scan(data, start)
     except ScanError as exc:
         seen = _names_before(data, start, exc.position, storage) if lenient else ()
-        raise PickleRefused(str(exc), seen=seen, position=exc.position) from None
+        raise PickleRefused(str(exc), seen=seen, position=exc.position,
+                            truncated=exc.truncated) from None
     load = _Load(found.protocol, storage, lenient, module_sources)
     value = _run(data, found, load)
     try:

@@ -31,9 +31,10 @@ __all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "nesting_depth",
 class ScanError(ValueError):
     """The pickle is malformed at ``position``; nothing there may be unpickled."""
 
-    def __init__(self, message: str, position: int) -> None:
+    def __init__(self, message: str, position: int, truncated: bool = False) -> None:
         super().__init__(message)
         self.position = position
+        self.truncated = truncated  # it ran out of data: more of the file may complete it
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def _counted(data: bytes, pos: int, width: int, end: int) -> int:
     declared = int.from_bytes(data[pos + 1:start], "little")
     if declared > end - start:
         raise ScanError(f"a pickle opcode at byte {pos} declares {declared} bytes, past the end "
-                        f"of the data ({end - start} remain)", pos)
+                        f"of the data ({end - start} remain)", pos, truncated=True)
     return start + declared
 
 
@@ -224,7 +225,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 pos += 2 + data[pos + 1]
                 if pos > end:
                     raise ScanError(f"a pickle opcode at byte {at} declares {pos - at - 2} "
-                                    f"bytes, past the end of the data", at)
+                                    f"bytes, past the end of the data", at, truncated=True)
                 continue
             if k == _FIXED:
                 pos += skip
@@ -256,7 +257,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 pos += 9
                 if size > end - pos:
                     raise ScanError(f"a FRAME at byte {at} claims {size} bytes but only "
-                                    f"{end - pos} remain", at)
+                                    f"{end - pos} remain", at, truncated=True)
                 frame_end = pos + size
                 continue
             elif k == _PROTO:
@@ -268,7 +269,8 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 raise ScanError(f"byte {at} holds {op:#04x}, not a pickle opcode", at)
             if pos > end:
                 raise ScanError(f"a pickle opcode at byte {at} declares {pos - at} bytes, "
-                                f"past the end of the data ({end - at} remain)", at)
+                                f"past the end of the data ({end - at} remain)", at,
+                                truncated=True)
             if 0 <= frame_end < pos:
                 if at < frame_end:
                     raise ScanError(f"an opcode at byte {at} crosses the end of its FRAME", at)
@@ -277,7 +279,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
         if isinstance(exc, ScanError):
             raise
         raise ScanError(f"the pickle ends at byte {end} without STOP (truncated)",
-                        pos) from None
+                        pos, truncated=True) from None
 
 
 _ACTING = frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opcodes

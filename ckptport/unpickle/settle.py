@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import DType
-from ..tensors import TensorInfo
+from ..tensors import Pending, TensorInfo
 from ..tree import Backref, GlobalRef, ObjectRecord, children, format_path, is_tensor
 from . import names
 from .numpy_values import NumpyValue, finalize
@@ -56,7 +56,7 @@ MAX_INT_BITS = 14_000  # about 4,300 decimal digits: Python's own limit for prin
 _SCALARS = frozenset({str, float, bool, type(None), bytes, bytearray, complex, slice, range})
 _INT_LIMIT = 1 << MAX_INT_BITS
 _MAPPINGS = frozenset({dict, collections.OrderedDict, DefaultDict, collections.Counter})
-_LEAVES = frozenset({TensorInfo, Size, Device, DType})
+_LEAVES = frozenset({TensorInfo, Pending, Size, Device, DType})
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class _Settler:
         self.materialized = 0
         self.largest: list[tuple[int, str]] = []  # a min-heap of the biggest tensors
 
-    def tensor(self, node: TensorInfo) -> None:
+    def tensor(self, node: TensorInfo | Pending) -> None:
         """Count what the view materializes: a stride-0 view of a few bytes can claim GiBs."""
         size = math.prod(node.shape) * node.dtype.itemsize
         self.materialized += size
@@ -195,7 +195,7 @@ class _Settler:
             new = self.sequence(node, depth, mutable=False)
         elif kind in _LEAVES:
             new = node
-            if kind is TensorInfo:
+            if kind is TensorInfo or kind is Pending:
                 self.tensor(node)
         elif isinstance(node, ObjectRecord):
             new = self.record(node, depth)
