@@ -204,3 +204,14 @@ def test_a_manifest_never_replaces_the_source_or_dst(fx, tmp_path, run):
     result = run("normalize", src, tmp_path / "out.pth", "--manifest", src)
     assert result.exit_code == 2 and "manifest elsewhere" in result.stderr
     assert src.read_bytes() == before and not (tmp_path / "out.pth").exists()
+
+
+def test_normalize_manifest_gates_its_own_output_whatever_the_options(fx, run, tmp_path):
+    """The manifest normalize writes describes DST, which is already selected, stripped and
+    cast: check DST --against-manifest applies none of those steps again."""
+    out, made = tmp_path / "o.safetensors", tmp_path / "m.json"
+    result = run("normalize", fx["ema_timm"], out, "--ema", "--dtype", "float16",
+                 "--strip-prefix", "auto", "--manifest", made)
+    assert result.exit_code == 0, result.stderr
+    gated = run("check", out, "--against-manifest", made)
+    assert gated.exit_code == 0, gated.stdout

@@ -184,11 +184,13 @@ def normalize_file(
         written = replace(written, path=final, files=(final,))
     made = None
     if manifest is not None and digests is not None:
-        # the manifest describes DST, whose keys the key steps already made: checking DST
-        # against it must not apply them again
-        made = build_manifest(normalized.checkpoint, replace(
-            options or NormalizeOptions(), subtree=None, keep=(), drop=(), rename=(),
-            recipe=None), jobs=jobs, known=digests.done, progress=progress)
+        # the manifest describes DST, which every step already made (selected, stripped,
+        # renamed, cast): checking DST against it must apply none of them again
+        given = options or NormalizeOptions()
+        made = build_manifest(normalized.checkpoint, NormalizeOptions(
+            select="all" if given.select == "all" else "auto",
+            keep_prefixes=given.keep_prefixes), jobs=jobs, known=digests.done,
+            progress=progress)
         write_manifest(made, manifest)
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
