@@ -18,9 +18,19 @@ from functools import cache
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from .distributed_values import distributed_table
 from .numpy_values import numpy_table
 from .torch_values import torch_table
-from .values import Allowed, BytesRecord, DefaultDict, Marker, Namespace, Recorded, Refusal
+from .values import (
+    Allowed,
+    BytesRecord,
+    DefaultDict,
+    Marker,
+    Namespace,
+    Recorded,
+    Refusal,
+    record_class,
+)
 
 __all__ = ["table", "allowed_names"]
 
@@ -145,6 +155,19 @@ def _newobj_ex(cls: Any, args: Any, kwargs: Any) -> Any:
     return _new(cls, args)
 
 
+def _getattr(target: Any, name: Any, *default: Any) -> Any:
+    """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
+    (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
+    ckptport's inert stand-in of a class, never a real object, so the result is an
+    inert reference too: a stand-in named ``Class.NAME``. Anything else is refused."""
+    if default or not (isinstance(target, type) and issubclass(target, Recorded)
+                       and not target.dangerous and isinstance(name, str)
+                       and name.isidentifier() and not name.startswith("__")):
+        raise Refusal("getattr on something other than a recorded class's plain attribute")
+    return record_class(f"{target.record_name}.{name}", False, target.registry,
+                        target.lenient)
+
+
 def _plain_table() -> dict[str, Any]:
     table: dict[str, Any] = {
         "collections.OrderedDict": Allowed("collections.OrderedDict", _mapping(
@@ -168,6 +191,7 @@ def _plain_table() -> dict[str, Any]:
         "copyreg.__newobj_ex__": Allowed("copyreg.__newobj_ex__", _newobj_ex),
         "io.BytesIO": BytesRecord,
         "_io.BytesIO": BytesRecord,
+        "builtins.getattr": Allowed("builtins.getattr", _getattr),
     }
     table["builtins.range"] = Allowed("builtins.range", _range)
     for name in ("build_intlist", "build_doublelist", "build_boollist", "build_tensorlist"):
@@ -190,7 +214,7 @@ def _plain_table() -> dict[str, Any]:
 @cache
 def table() -> dict[str, Any]:
     """Qualified name -> what a pickle gets for it."""
-    return {**_plain_table(), **torch_table(), **numpy_table()}
+    return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table()}
 
 
 def allowed_names() -> frozenset[str]:
