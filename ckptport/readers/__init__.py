@@ -26,6 +26,7 @@ from ..tensors import to_torch
 from ..tree import map_tree
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
 from .dcp import DcpReader, is_dcp
+from .deepspeed import DeepSpeedReader, tag_folder
 from .legacy import LegacyReader
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
@@ -48,6 +49,9 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     if given.is_dir():
         if is_dcp(given):
             return Source(given, SourceKind.DCP, given, (given / ".metadata",), Format.DCP)
+        tag = tag_folder(given)
+        if tag is not None:
+            return Source(given, SourceKind.DEEPSPEED, tag, (tag,))
         index = find_index(given)
         target = index if index is not None else _hf_weights(given)
     if target.name.endswith(".index.json"):
@@ -79,7 +83,7 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 
 READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
                                SafetensorsReader(), ShardsReader(_load_file),
-                               DcpReader(_load_file))
+                               DcpReader(_load_file), DeepSpeedReader(_load_file))
 
 
 def _reader_for(source: Source) -> Reader:
