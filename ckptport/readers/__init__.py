@@ -28,6 +28,7 @@ from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
 from .dcp import DcpReader, is_dcp
 from .deepspeed import DeepSpeedReader, tag_folder
 from .legacy import LegacyReader
+from .ranks import RankFilesReader, rank_files
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
@@ -52,6 +53,9 @@ def resolve(path: str | os.PathLike[str]) -> Source:
         tag = tag_folder(given)
         if tag is not None:
             return Source(given, SourceKind.DEEPSPEED, tag, (tag,))
+        ranks = rank_files(given)
+        if ranks is not None:
+            return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
         index = find_index(given)
         target = index if index is not None else _hf_weights(given)
     if target.name.endswith(".index.json"):
@@ -83,7 +87,8 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 
 READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
                                SafetensorsReader(), ShardsReader(_load_file),
-                               DcpReader(_load_file), DeepSpeedReader(_load_file))
+                               DcpReader(_load_file), DeepSpeedReader(_load_file),
+                               RankFilesReader(_load_file))
 
 
 def _reader_for(source: Source) -> Reader:

@@ -28,18 +28,9 @@ from ..errors import InputError
 from ..sealed import sealed
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
+from .layouts import LayoutError
 
-__all__ = ["Run", "SpanFile", "assemble", "flat_run", "box_runs", "TilingError", "LayoutError",
-           "PROBLEMS"]
-
-
-PROBLEMS = "layout.problems"  # SourceFacts.metadata key: what check's CKP013 reports
-
-
-class LayoutError(InputError):
-    """Rank files that do not make one checkpoint: a rank missing, world sizes that
-    disagree, shards that do not tile. Reports (``check``) read the layout anyway and
-    name the problem; conversions refuse it."""
+__all__ = ["Run", "SpanFile", "assemble", "flat_run", "box_runs", "TilingError"]
 
 
 class TilingError(LayoutError):

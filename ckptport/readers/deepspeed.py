@@ -32,15 +32,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..checkpoint import Checkpoint, Format
 from ..dtypes import DTYPES
 from ..errors import InputError
 from ..tensors import CHUNK_BYTES, Pending, TensorInfo, chunks, view_key
 from ..tree import is_tensor
-from .assembled import PROBLEMS, LayoutError, Run, assemble, flat_run
+from .assembled import Run, assemble, flat_run
 from .base import ReadOptions, Source, SourceKind
+from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
 
-__all__ = ["DeepSpeedReader", "tag_folder", "FORMAT", "LATEST", "merged_facts"]
+__all__ = ["DeepSpeedReader", "tag_folder", "FORMAT", "LATEST"]
 
 FORMAT = Format("deepspeed")
 LATEST = "latest"
@@ -83,30 +84,6 @@ def tag_folder(path: Path) -> Path | None:
     if _is_tag(path / LIGHTNING_TAG):
         return path / LIGHTNING_TAG
     return None
-
-
-def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[Path, ...],
-                 metadata: dict[str, str], notes: tuple[str, ...] = ()) -> SourceFacts:
-    """One checkpoint's facts from the rank files it was assembled from."""
-    locations: dict[str, int] = {}
-    names: dict[str, None] = {}
-    refused: dict[str, None] = {}
-    unproven: dict[str, None] = {}
-    spellings: dict[str, str] = {}
-    for part in parts:
-        facts = part.source
-        for location, count in facts.storage_locations.items():
-            locations[location] = locations.get(location, 0) + count
-        names.update(dict.fromkeys(facts.globals))
-        refused.update(dict.fromkeys(facts.refused_globals))
-        unproven.update(dict.fromkeys(facts.unproven))
-        spellings.update(facts.spellings)
-        notes = (*notes, *(n for n in facts.notes if n not in notes))
-    return SourceFacts(path=path, format=fmt, size=sum(f.stat().st_size for f in files),
-                       storage_locations=dict(sorted(locations.items())),
-                       globals=tuple(names), metadata=metadata, refused_globals=tuple(refused),
-                       files=files, spellings=spellings, unproven=tuple(unproven),
-                       notes=notes)
 
 
 class _Files:
@@ -226,10 +203,8 @@ class DeepSpeedReader:
         except LayoutError as exc:
             if not options.lenient:
                 raise
-            problems.append(exc.message)
             files = tuple(sorted(p for p in folder.iterdir() if p.suffix == ".pt"))
-            return Checkpoint({}, merged_facts(folder, FORMAT, [], files, {
-                "framework": "deepspeed", PROBLEMS: "\n".join(problems)}))
+            return layout_problem(folder, FORMAT, files, "deepspeed", [*problems, exc.message])
 
     def _load(self, source: Source, folder: Path, options: ReadOptions,
               problems: list[str]) -> Checkpoint:
