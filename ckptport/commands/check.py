@@ -211,6 +211,21 @@ def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
                      "if you vouch for it")
 
 
+def _partial_layout(file: FileUnderCheck) -> Iterable[Hit]:
+    from ..readers.layouts import PROBLEMS
+    from ..readers.ranks import one_rank
+
+    problems = file.checkpoint.source.metadata.get(PROBLEMS)
+    for line in problems.splitlines() if problems else ():
+        yield None, line
+    shard = one_rank(file.checkpoint.tree)
+    if shard is not None:
+        key, layout = shard
+        yield key, (f"holds rank {layout.rank}'s shard of a tensor sharded over {layout.world} "
+                    "ranks: one rank file of a sharded state dict; read the folder of all "
+                    "rank files as one checkpoint")
+
+
 CODES = {rule.code: rule for rule in (
     CheckCode("CKP001", "device-bound", "warning",
               "storages the file records on a device other than the CPU (cuda:3)",
@@ -265,6 +280,14 @@ CODES = {rule.code: rule for rule in (
               "torch.jit.load and PackageImporter execute the archive's code",
               "ckptport normalize --trust SRC DST if you vouch for it, then ship DST",
               _code_archive),
+    CheckCode("CKP013", "partial-layout", "error",
+              "a sharded checkpoint that is not whole: a rank file missing, world sizes that "
+              "disagree, rank files left over from an earlier run with more ranks, shards that "
+              "do not tile a tensor, or one rank's file read alone",
+              "consolidating it fails or silently mixes runs; a single rank's file holds a "
+              "fraction of each tensor",
+              "save again from every rank, remove stale rank files, or check the whole "
+              "folder (DeepSpeed tag folder, folder of rank files)", _partial_layout),
 )}
 RULES = CODES  # round 1's name
 

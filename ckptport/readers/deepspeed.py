@@ -41,7 +41,7 @@ from .assembled import Run, assemble, flat_run
 from .base import ReadOptions, Source, SourceKind
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
 
-__all__ = ["DeepSpeedReader", "tag_folder", "FORMAT", "LATEST"]
+__all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "FORMAT", "LATEST"]
 
 FORMAT = Format("deepspeed")
 LATEST = "latest"
@@ -55,6 +55,14 @@ LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 def _is_tag(folder: Path) -> bool:
     return folder.is_dir() and any(_MODEL.fullmatch(p.name) for p in folder.iterdir())
+
+
+def tag_files(folder: Path) -> tuple[Path, ...]:
+    """The DeepSpeed rank files of a tag folder (none when it is not one)."""
+    if not _is_tag(folder):
+        return ()
+    return tuple(p for p in sorted(folder.iterdir())
+                 if _MODEL.fullmatch(p.name) or _OPTIM.fullmatch(p.name))
 
 
 def tag_folder(path: Path) -> Path | None:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, Format
+from ..tensors import view_key
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Run, assemble, box_runs
 from .base import ReadOptions, Source, SourceKind
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
 
-__all__ = ["RankFilesReader", "rank_files", "FORMAT"]
+__all__ = ["RankFilesReader", "rank_files", "one_rank", "FORMAT"]
 
 FORMAT = Format("rank-files")
 _RANK = re.compile(r"(?i)(.*?rank[_-]?)(\d+)(.*\.(?:pt|pth|bin))")
@@ -59,6 +60,15 @@ def _walk(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(tree, (list, tuple)):
         return [p for index, value in enumerate(tree) for p in _walk(value, (*path, index))]
     return []
+
+
+def one_rank(tree: Any) -> tuple[str, ShardLayout] | None:
+    """The first tensor a tree holds only part of (one rank's file read alone), if any."""
+    for path in _walk(tree):
+        record = _at(tree, path)
+        if record.layout is not None:
+            return _key(path), record.layout
+    return None
 
 
 def _at(tree: Any, path: tuple[Any, ...]) -> Any:
@@ -135,10 +145,11 @@ class RankFilesReader:
         used = [files[r] for r in range(world)]
         parts = [first] + [self.load_file(p, options) for p in used[1:]]
         values: dict[tuple[Any, ...], Any] = {}
-        made: dict[int, Any] = {}  # one record under two names (tied weights): one tensor
+        made: dict[Any, Any] = {}  # one shard under two names (tied weights): one tensor
         placements: Counter[str] = Counter()
         for path, layout in zip(paths, layouts, strict=True):
-            record = id(_at(first.tree, path))
+            record = (layout.shape, tuple((p.offsets, view_key(p.tensor))
+                                          for p in layout.pieces))
             if record not in made:
                 name = _key(path)
                 shards = [_shard(part.tree, path, layout, rank, file, world, name)
