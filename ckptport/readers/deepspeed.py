@@ -263,9 +263,10 @@ class DeepSpeedReader:
                         f"ZeRO stage {stage}"}
         metadata = {"framework": "deepspeed", "tag": folder.name,
                     "master_dtype": "float32", **metadata}
-        version = states.get("ds_version")
-        if isinstance(version, str):
-            metadata["deepspeed_version"] = version
+        for key, fact in (("ds_version", "deepspeed_version"),
+                          ("pytorch-lightning_version", "lightning_version")):
+            if isinstance(states.get(key), str):
+                metadata[fact] = states[key]
         if problems:
             metadata[PROBLEMS] = "\n".join(problems)
         half = found.model[0].name
