@@ -26,7 +26,7 @@ from ..tensors import to_torch
 from ..tree import map_tree
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
 from .dcp import DcpReader, is_dcp
-from .deepspeed import DeepSpeedReader, tag_folder
+from .deepspeed import DeepSpeedReader, is_deepspeed, tag_files, tag_folder
 from .legacy import LegacyReader
 from .ranks import RankFilesReader, rank_files
 from .safetensors import SafetensorsReader
@@ -35,7 +35,7 @@ from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "HF_WEIGHTS"]
+           "HF_WEIGHTS", "is_rank_layout"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -52,7 +52,7 @@ def resolve(path: str | os.PathLike[str]) -> Source:
             return Source(given, SourceKind.DCP, given, (given / ".metadata",), Format.DCP)
         tag = tag_folder(given)
         if tag is not None:
-            return Source(given, SourceKind.DEEPSPEED, tag, (tag,))
+            return Source(given, SourceKind.DEEPSPEED, tag, tag_files(tag))
         ranks = rank_files(given)
         if ranks is not None:
             return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
@@ -70,6 +70,12 @@ def resolve(path: str | os.PathLike[str]) -> Source:
                          "safetensors library, which cannot read it, so readers would "
                          "disagree; rename it", target)
     return Source(given, SourceKind.FILE, target, (target,), fmt, file)
+
+
+def is_rank_layout(folder: Path) -> bool:
+    """A DeepSpeed checkpoint or a folder of per-rank files: one checkpoint, not a folder
+    of them."""
+    return is_deepspeed(folder) or rank_files(folder) is not None
 
 
 def _hf_weights(folder: Path) -> Path:

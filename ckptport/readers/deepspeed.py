@@ -41,7 +41,7 @@ from .assembled import Run, assemble, flat_run
 from .base import ReadOptions, Source, SourceKind
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
 
-__all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "FORMAT", "LATEST"]
+__all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "is_deepspeed", "FORMAT", "LATEST"]
 
 FORMAT = Format("deepspeed")
 LATEST = "latest"
@@ -63,6 +63,11 @@ def tag_files(folder: Path) -> tuple[Path, ...]:
         return ()
     return tuple(p for p in sorted(folder.iterdir())
                  if _MODEL.fullmatch(p.name) or _OPTIM.fullmatch(p.name))
+
+
+def is_deepspeed(path: Path) -> bool:
+    """Whether ``path`` is a DeepSpeed save folder (``latest``), a tag folder, or Lightning's."""
+    return _is_tag(path) or (path / LATEST).is_file() or _is_tag(path / LIGHTNING_TAG)
 
 
 def tag_folder(path: Path) -> Path | None:

@@ -196,10 +196,11 @@ def _assembled(name: str, folder: Path, layout: ShardLayout, shards: list[ShardL
     for shard in shards:
         for piece in shard.pieces:
             boxes.setdefault((piece.offsets, piece.sizes), piece)
-    if layout.expected and set(boxes) != set(layout.expected):
-        raise LayoutError(f"{name!r}: the shard metadata lists {len(layout.expected)} shards; "
-                          f"the rank files hold {len(boxes)} others", folder)
     runs: list[Run] = []
     for piece in boxes.values():
         runs += box_runs(layout.shape, piece.offsets, piece.tensor, name, folder)
-    return assemble(name, folder, layout.dtype, layout.shape, runs)
+    tensor = assemble(name, folder, layout.dtype, layout.shape, runs)
+    if layout.expected and set(boxes) != set(layout.expected):
+        raise LayoutError(f"{name!r}: the shard metadata lists {len(layout.expected)} shards; "
+                          f"the rank files hold {len(boxes)} others", folder)
+    return tensor
