@@ -96,9 +96,9 @@ def discover(root: Path) -> Discovery:
             files = (here / METADATA_FILE, *sorted(here.glob("*.distcp")))
             found.checkpoints.append(Found(here, files))
             covered.update(files)
-        elif (files := _rank_set(here)) is not None:
-            found.checkpoints.append(Found(here, files))
-            covered.update(files)
+        elif (ranked := _rank_set(here)) is not None:
+            found.checkpoints.append(Found(here, ranked))
+            covered.update(ranked)
         for name in sorted(names):
             if name.endswith(".index.json"):
                 index = here / name

@@ -469,13 +469,17 @@ def _frozen(tree: dict[str, Any], stage: int, world: int, shapes: dict[str, Any]
             continue
         runs: list[Run] = []
         at = 0
+        dtypes = set()
         for frags, path in zip(fragments, files, strict=True):
             piece = frags.get(name) if isinstance(frags, dict) else None
             if not isinstance(piece, TensorInfo):
                 raise InputError(f"frozen parameter {name!r} has no fragment", path)
+            dtypes.add(piece.dtype)
             take = max(0, min(piece.numel(), numel - at))
             if take:
                 runs.append(flat_run(piece, 0, take, at, name, path))
             at += take
-        dtype = fragments[0][name].dtype
-        tree[name] = assemble(name, files[0], dtype, dims, runs)
+        if len(dtypes) != 1:
+            raise LayoutError(f"the ranks' fragments of frozen parameter {name!r} differ in "
+                              "dtype: rank files of different runs", files[0])
+        tree[name] = assemble(name, files[0], dtypes.pop(), dims, runs)
