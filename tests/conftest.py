@@ -31,6 +31,19 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str
     return build_corpus(tmp_path_factory.mktemp("corpus"), sentinel)
 
 
+@pytest.fixture(scope="session")
+def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real_world")
+
+
+@pytest.fixture(scope="session")
+def real(real_root: Path) -> dict[str, Any]:
+    """Checkpoints as people really have them (``fixtures/real_world.py``), with their truth."""
+    from fixtures.real_world import build_real_world
+
+    return build_real_world(real_root)
+
+
 @pytest.fixture
 def run():
     """Invoke the CLI in-process; stdout and stderr kept apart."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ckptport
@@ -62,8 +62,7 @@ def test_the_digest_is_the_same_in_every_container(state):
 @given(state_dicts(), st.data())
 def test_the_digest_changes_with_one_element(state, data):
     candidates = [k for k, v in state.items() if v.numel()]
-    if not candidates:
-        return
+    assume(candidates)  # a state dict of empty tensors has no element to change
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         torch.save(state, folder / "a.pth")

@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 import ckptport
+import ckptport.commands.load
 from ckptport.compare import tree_mismatches
 from fixtures.models import TinyNet
 from tests.helpers import load_output, load_trusted, same_bits
@@ -140,7 +141,7 @@ WRAPS = {
 @pytest.mark.parametrize("source", ["ddp_cuda3", "plain", "compile_ddp", "fsdp_style"])
 def test_load_into_matches_wrapped_and_unwrapped(fx, model_wrap, source):
     model = WRAPS[model_wrap](TinyNet())
-    assert ckptport.load_into(model, fx[source]) == ckptport.LoadResult((), ())
+    assert ckptport.load_into(model, fx[source]) == ckptport.commands.load.LoadResult((), ())
     truth = ckptport.load_state_dict(fx[source])
     inner = model._orig_mod if hasattr(model, "_orig_mod") else model
     inner = inner.module if isinstance(inner, nn.DataParallel) else inner

@@ -211,6 +211,7 @@ def diff(
     options: NormalizeOptions | None = None,
     raw: bool = False,
     trust: bool = False,
+    max_expansion: float | None = None,
     progress: Progress = no_progress,
 ) -> DiffReport:
     """Compare ``a`` and ``b`` (paths or Checkpoints) after normalizing both alike.
@@ -224,8 +225,8 @@ def diff(
     tolerance = Tolerance(atol, rtol, cast)
     if any(not isinstance(x, Checkpoint) and is_manifest(x) for x in (a, b)):
         return _diff_manifests(a, b, tolerance, trust, progress)
-    side_a, leaves_a = _prepare(a, options, raw, trust, progress)
-    side_b, leaves_b = _prepare(b, options, raw, trust, progress)
+    side_a, leaves_a = _prepare(a, options, raw, trust, max_expansion)
+    side_b, leaves_b = _prepare(b, options, raw, trust, max_expansion)
     shapes: list[ShapeMismatch] = []
     dtypes: list[DtypeMismatch] = []
     leaves: list[LeafMismatch] = []
@@ -320,10 +321,11 @@ def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]
 
 
 def _prepare(source: str | os.PathLike[str] | Checkpoint, options: NormalizeOptions | None,
-             raw: bool, trust: bool, progress: Progress) -> tuple[Side, dict[KeyPath, Any]]:
+             raw: bool, trust: bool, max_expansion: float | None
+             ) -> tuple[Side, dict[KeyPath, Any]]:
     """Read (if a path), normalize (unless raw) and flatten one side."""
     checkpoint = source if isinstance(source, Checkpoint) else \
-        open_checkpoint(source, trust=trust)
+        open_checkpoint(source, trust=trust, max_expansion=max_expansion)
     notes: tuple[str, ...] = ()
     if not raw:
         normalized = apply_rules(checkpoint, options, lazy=True, require_prefix_match=False)

@@ -64,6 +64,7 @@ class FolderOptions:
     jobs: int | None = None
     part: tuple[int, int] | None = None  # (I, N), 1 <= I <= N
     dry_run: bool = False
+    max_expansion: float | None = None  # readers.budget's ratio
 
     def key(self) -> str:
         """What decides an output's bytes: a journal entry counts only under the same key."""
@@ -247,7 +248,8 @@ def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict
         out.parent.mkdir(parents=True, exist_ok=True)
         report = normalize_file(task.found.path, out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
-                                jobs=1, hash_source=True)
+                                jobs=1, hash_source=True,
+                                max_expansion=settings.max_expansion)
     except CkptportError as exc:
         return {"outcome": FileOutcome(task.source, task.output, "failed",
                                        " ".join(exc.message.split()), task.size)}

@@ -33,7 +33,7 @@ from typing import Any
 from .._version import __version__
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
-from ..errors import InputError, OutputError
+from ..errors import InputError, OptionError, OutputError
 from ..parallel import run_all
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
@@ -178,11 +178,13 @@ def _first_duplicate(names: Iterable[str]) -> str | None:
 
 def manifest(src: str | os.PathLike[str] | Checkpoint,
              options: NormalizeOptions | None = None, *, jobs: int | None = None,
-             trust: bool = False, progress: Progress = no_progress) -> Manifest:
+             trust: bool = False, max_expansion: float | None = None,
+             progress: Progress = no_progress) -> Manifest:
     """Read ``src``, normalize it with ``options`` and list its weights (torch-free for zip,
     legacy, safetensors and shard sets, unless ``options`` cast)."""
     options = options or NormalizeOptions()
-    checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, trust=trust)
+    checkpoint = src if isinstance(src, Checkpoint) else \
+        open_checkpoint(src, trust=trust, max_expansion=max_expansion)
     normalized = apply_rules(checkpoint, options, lazy=True)
     return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress)
 
@@ -268,8 +270,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                          "corrupt)", target)
     try:
         manifest_options(made)
-    except ValueError as exc:
-        raise InputError(f"manifest field \"options\": {exc}", target) from None
+    except OptionError as exc:
+        raise InputError(f"manifest field \"options\": {exc.message}", target) from None
     return made
 
 
@@ -308,10 +310,8 @@ def manifest_options(made: Manifest) -> NormalizeOptions:
     known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype"}
     unknown = set(raw) - known
     if unknown:
-        raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
-    if "strip_prefixes" in raw:
-        raw["strip_prefixes"] = tuple(raw["strip_prefixes"])
-    return NormalizeOptions(**raw)
+        raise OptionError(f"unknown option {sorted(unknown)[0]!r}")
+    return NormalizeOptions(**raw)  # checks every field's type and value
 
 
 # -- comparing ------------------------------------------------------------------------

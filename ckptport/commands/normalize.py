@@ -111,6 +111,7 @@ def normalize_file(
     manifest: str | os.PathLike[str] | None = None,
     jobs: int | None = None,
     hash_source: bool = False,
+    max_expansion: float | None = None,
     progress: Progress = no_progress,
 ) -> NormalizeReport:
     """Normalize ``src`` into ``dst``: a file, a shard set when ``dst`` is a folder (an
@@ -139,7 +140,7 @@ def normalize_file(
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
         digest = pool.submit(sha256_files, source.files) \
             if records_hash or hash_source else None
-        checkpoint = open_checkpoint(source, trust=trust)
+        checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
         normalized = apply_rules(checkpoint, options, lazy=True)
         metadata: Mapping[str, Any] = {} if digest is None or not records_hash else \
             _provenance(Pending(digest, SHA256_HEX_WIDTH), normalized.results)

@@ -24,6 +24,7 @@ from ..errors import CkptportError, CodeArchiveError, InputError
 from ..sources import SourceFile, check_regular, open_source
 from ..tensors import to_torch
 from ..tree import map_tree
+from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
 from .dcp import DcpReader, is_dcp
 from .deepspeed import DeepSpeedReader, is_deepspeed, tag_files, tag_folder
@@ -88,7 +89,8 @@ def _hf_weights(folder: Path) -> Path:
 
 
 def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
-    return open_checkpoint(path, trust=options.trust, lenient=options.lenient)
+    return open_checkpoint(path, trust=options.trust, lenient=options.lenient,
+                           max_expansion=options.max_expansion)
 
 
 READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
@@ -109,12 +111,21 @@ def _reader_for(source: Source) -> Reader:
 
 
 def open_checkpoint(path: str | os.PathLike[str] | Source, *, trust: bool = False,
-                    lenient: bool = False) -> Checkpoint:
-    """The checkpoint at ``path``, tensors described where the format allows (no torch)."""
+                    lenient: bool = False, max_expansion: float | None = None) -> Checkpoint:
+    """The checkpoint at ``path``, tensors described where the format allows (no torch).
+
+    Its tensors may stand for at most ``max_expansion`` times the file's bytes
+    (``readers.budget``): a strict read beyond that is an ``InputError``; a lenient one
+    (reports) keeps the count for ``check`` to report.
+    """
     source = path if isinstance(path, Source) else resolve(path)
-    options = ReadOptions(trust=trust, lenient=lenient)
+    ratio = budget.ratio_of(max_expansion)
+    options = ReadOptions(trust=trust, lenient=lenient, max_expansion=ratio)
     try:
-        return _reader_for(source).load(source, options)
+        checkpoint = _reader_for(source).load(source, options)
+        if not lenient:
+            budget.enforce(checkpoint, ratio)
+        return checkpoint
     except RecursionError:
         raise InputError("the checkpoint nests too deeply to read", source.main) from None
     except CodeArchiveError:
@@ -188,9 +199,10 @@ def _torch_value(value: object, storages: dict[int, object]) -> object:
     return value
 
 
-def read(path: str | os.PathLike[str], *, trust: bool = False) -> Checkpoint:
+def read(path: str | os.PathLike[str], *, trust: bool = False,
+         max_expansion: float | None = None) -> Checkpoint:
     """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
-    return materialize(open_checkpoint(path, trust=trust))
+    return materialize(open_checkpoint(path, trust=trust, max_expansion=max_expansion))
 
 
 def describe(path: str | os.PathLike[str]) -> Checkpoint:

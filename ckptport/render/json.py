@@ -8,15 +8,17 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..commands.check import CheckReport
-from ..commands.diff import DiffReport
-from ..commands.folder import FolderReport
-from ..commands.inspection import InspectReport
-from ..commands.manifest import Manifest
-from ..commands.normalize import NormalizeReport
+
+if TYPE_CHECKING:
+    from ..commands.check import CheckReport
+    from ..commands.diff import DiffReport
+    from ..commands.folder import FolderReport
+    from ..commands.inspection import InspectReport
+    from ..commands.manifest import Manifest
+    from ..commands.normalize import NormalizeReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 

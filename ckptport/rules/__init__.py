@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
+from ..errors import OptionError
 from ..tree import is_state_dict
 from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
@@ -32,7 +33,6 @@ __all__ = [
     "build_rules",
     "Change",
     "NormalizeRule",
-    "Rule",
     "RuleResult",
     "CAST_CHOICES",
     "EMA_MODES",
@@ -40,34 +40,41 @@ __all__ = [
     "is_state_dict",
 ]
 
-Rule = NormalizeRule  # the name round 1 exported
-
-
 @dataclass(frozen=True)
 class NormalizeOptions:
     """The options ``normalize``, ``diff``, ``check --against`` and ``manifest`` share.
 
     ``ema``: ``off``, ``require`` (the ``--ema`` flag: an error when the file
-    holds no EMA weights) or ``prefer``; ``True``/``False`` mean
-    ``require``/``off``. ``strip_prefixes`` may hold ``auto``; ``model``
-    means ``model.``.
+    holds no EMA weights) or ``prefer``. ``strip_prefixes`` may hold
+    ``auto``; ``model`` means ``model.``. Every field is checked here, so a
+    bad value from the API or a manifest is an ``OptionError`` naming it.
     """
 
     select: str = "auto"
-    ema: str | bool = "off"
+    ema: str = "off"
     strip_prefixes: tuple[str, ...] = ()
     keep_prefixes: bool = False
     dtype: str = "keep"
 
     def __post_init__(self) -> None:
-        if self.dtype not in CAST_CHOICES:
-            raise ValueError(f"dtype must be one of {', '.join(CAST_CHOICES)}, not {self.dtype!r}")
-        ema = self.ema if isinstance(self.ema, str) else ("require" if self.ema else "off")
-        if ema not in EMA_MODES:
-            raise ValueError(f"ema must be one of {', '.join(EMA_MODES)}, not {self.ema!r}")
-        object.__setattr__(self, "ema", ema)
+        _check(isinstance(self.select, str) and bool(self.select), "select",
+               "a non-empty string", self.select)
+        _check(self.ema in EMA_MODES, "ema", f"one of {', '.join(EMA_MODES)}", self.ema)
+        _check(type(self.keep_prefixes) is bool, "keep_prefixes", "true or false",
+               self.keep_prefixes)
+        _check(self.dtype in CAST_CHOICES, "dtype", f"one of {', '.join(CAST_CHOICES)}",
+               self.dtype)
+        prefixes = self.strip_prefixes
+        _check(isinstance(prefixes, (tuple, list)) and all(
+            isinstance(p, str) and p for p in prefixes), "strip_prefixes",
+               "a list of non-empty strings", prefixes)
         object.__setattr__(self, "strip_prefixes",
-                           tuple(normalize_prefix(p) for p in self.strip_prefixes))
+                           tuple(normalize_prefix(p) for p in prefixes))
+
+
+def _check(ok: bool, name: str, expected: str, value: object) -> None:
+    if not ok:
+        raise OptionError(f"normalize option {name} must be {expected}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ def build_rules(options: NormalizeOptions, *, lazy: bool = False,
                 require_prefix_match: bool = True) -> list[NormalizeRule]:
     """The rules in order; ``lazy`` leaves every copy to the writers (``Pending`` leaves)."""
     return [
-        Select(options.select, str(options.ema),
+        Select(options.select, options.ema,
                hint=not any(p in ("model.", AUTO) for p in options.strip_prefixes)),
         MapToCPU(),
         ConvertObjects(),

@@ -130,6 +130,20 @@ def _path(kind: type) -> Callable[..., str]:
     return build
 
 
+def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
+    """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
+    (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
+    ckptport's inert stand-in of a class, never a real object, so the result is an
+    inert reference too: a stand-in named ``Class.NAME``. Anything else is refused."""
+    if default or not (isinstance(target, type) and issubclass(target, Recorded)
+                       and not target.dangerous and isinstance(name, str)
+                       and name.isidentifier() and not name.startswith("__")):
+        raise Refusal("the file calls builtins.getattr on something other than a recorded "
+                      "class's plain attribute: full unpickling reaches anything that way")
+    return record_class(f"{target.record_name}.{name}", False, target.registry,
+                        target.lenient)
+
+
 def _new(cls: Any, args: tuple[Any, ...]) -> Any:
     """What ``cls.__new__(cls, *args)`` makes, for the classes a pickle may create that way."""
     if isinstance(cls, type) and issubclass(cls, Recorded):
@@ -155,19 +169,6 @@ def _newobj_ex(cls: Any, args: Any, kwargs: Any) -> Any:
     return _new(cls, args)
 
 
-def _getattr(target: Any, name: Any, *default: Any) -> Any:
-    """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
-    (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
-    ckptport's inert stand-in of a class, never a real object, so the result is an
-    inert reference too: a stand-in named ``Class.NAME``. Anything else is refused."""
-    if default or not (isinstance(target, type) and issubclass(target, Recorded)
-                       and not target.dangerous and isinstance(name, str)
-                       and name.isidentifier() and not name.startswith("__")):
-        raise Refusal("getattr on something other than a recorded class's plain attribute")
-    return record_class(f"{target.record_name}.{name}", False, target.registry,
-                        target.lenient)
-
-
 def _plain_table() -> dict[str, Any]:
     table: dict[str, Any] = {
         "collections.OrderedDict": Allowed("collections.OrderedDict", _mapping(
@@ -185,13 +186,13 @@ def _plain_table() -> dict[str, Any]:
         "builtins.complex": Allowed("builtins.complex", _complex),
         "builtins.slice": Allowed("builtins.slice", _slice),
         "builtins.object": Marker("builtins.object", "type"),
+        "builtins.getattr": Allowed("builtins.getattr", _getattr),
         "_codecs.encode": Allowed("_codecs.encode", _encode),
         "copyreg._reconstructor": Allowed("copyreg._reconstructor", _reconstructor),
         "copyreg.__newobj__": Allowed("copyreg.__newobj__", _newobj),
         "copyreg.__newobj_ex__": Allowed("copyreg.__newobj_ex__", _newobj_ex),
         "io.BytesIO": BytesRecord,
         "_io.BytesIO": BytesRecord,
-        "builtins.getattr": Allowed("builtins.getattr", _getattr),
     }
     table["builtins.range"] = Allowed("builtins.range", _range)
     for name in ("build_intlist", "build_doublelist", "build_boollist", "build_tensorlist"):

@@ -102,7 +102,11 @@ def _view(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType) -> Te
 
 
 def _flags(requires_grad: Any, hooks: Any, metadata: Any = None) -> bool:
-    if not isinstance(hooks, dict) or hooks:
+    """``requires_grad``, once the rest is known to be data: no backward hooks (``None``,
+    as legacy files write, or an empty dict; torch accepts both), plain metadata."""
+    if hooks is not None and not isinstance(hooks, dict):
+        raise Refusal("malformed tensor flags: backward hooks that are not a dict")
+    if hooks:
         raise Refusal("tensors with backward hooks are not data")
     if type(requires_grad) is not bool:
         raise Refusal("malformed tensor flags")
