@@ -216,8 +216,8 @@ class DeepSpeedReader:
         except LayoutError as exc:
             if not options.lenient:
                 raise
-            files = tuple(sorted(p for p in folder.iterdir() if p.suffix == ".pt"))
-            return layout_problem(folder, FORMAT, files, "deepspeed", [*problems, exc.message])
+            return layout_problem(folder, FORMAT, tag_files(folder), "deepspeed",
+                                  [*problems, exc.message])
 
     def _load(self, source: Source, folder: Path, options: ReadOptions,
               problems: list[str]) -> Checkpoint:
@@ -274,12 +274,7 @@ class DeepSpeedReader:
                 metadata[fact] = states[key]
         if problems:
             metadata[PROBLEMS] = "\n".join(problems)
-        half = found.model[0].name
-        notes = (*notes, f"these are the fp32 master weights; the half-precision copy the "
-                 f"engine trained with is 'module' in {folder.name}/{half} (ckptport "
-                 f"normalize {folder / half} --select module DST)"
-                 + (" (partitioned at ZeRO-3: empty per rank)" if len(parts) > 1 and
-                    metadata.get("zero_stage") == "3" else ""))
+        notes = (*notes, _half_copy(folder, found.model[0], metadata.get("zero_stage")))
         return Checkpoint(tree, merged_facts(folder, FORMAT, parts, files, metadata,
                                              tuple(notes)))
 
@@ -324,6 +319,16 @@ class DeepSpeedReader:
                  f"{', '.join(frozen)}",) if frozen else ()
         return tree, {"zero_stage": "0", "world_size": str(states.get("dp_world_size", "?")),
                       "optimizer": "bf16 (stage 0)"}, notes
+
+
+def _half_copy(folder: Path, model0: Path, stage: str | None) -> str:
+    """Where the half-precision copy the engine trained with is, and how to get it."""
+    if stage == "3":
+        return ("these are the fp32 master weights; ZeRO-3 saves no whole half-precision "
+                "copy (each rank's 'module' holds empty placeholders)")
+    return (f"these are the fp32 master weights; the half-precision copy the engine trained "
+            f"with is 'module' in {folder.name}/{model0.name}: ckptport normalize {model0} "
+            "--select module DST")
 
 
 def _rounds_to(master: TensorInfo, half: Any) -> bool:
