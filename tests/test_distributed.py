@@ -369,6 +369,29 @@ def test_hostile_rank_file(dist, run, tmp_path, sentinel, kind):
     write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
     line = _refused(run, folder, tmp_path / "out.safetensors", victim.name)
     assert "os.system" in line
-    for command in ("inspect", "check"):
-        run(command, folder)
+    assert "DANGEROUS" in run("inspect", folder).stdout
+    checked = run("check", folder)
+    assert checked.exit_code == 1 and "CKP003" in checked.stdout and "os.system" in \
+        checked.stdout
     assert not sentinel.exists()
+
+
+def test_half_precision_copy_by_select_module(dist, run, tmp_path):
+    folder = dist / "ds" / "ws2" / "s2_bf16"
+    note = run("inspect", folder).stdout
+    assert "--select module" in note
+    model_states = folder / "global_step2" / "mp_rank_00_model_states.pt"
+    result = run("normalize", model_states, "--select", "module", tmp_path / "half.pth")
+    assert result.exit_code == 0, result.stderr
+    _same(torch.load(tmp_path / "half.pth", weights_only=True), _module(folder))
+
+
+def test_folder_mode_converts_each_layout_once(dist, run, tmp_path):
+    result = run("normalize", dist / "ds" / "ws2", tmp_path / "out")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    got = torch.load(tmp_path / "out" / "s3_fp32" / "global_step2.pth", weights_only=True)
+    _same(got, _zero_to_fp32(dist / "ds" / "ws2" / "s3_fp32"))
+    result = run("normalize", dist / "fsdp1", tmp_path / "fsdp")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    _same(torch.load(tmp_path / "fsdp" / "ws2.pth", weights_only=True),
+          torch.load(dist / "truth" / "ws2" / "fsdp1.pt", weights_only=True))

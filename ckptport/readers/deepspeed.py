@@ -212,15 +212,14 @@ class DeepSpeedReader:
         folder = source.main
         problems: list[str] = []
         try:
-            return self._load(source, folder, options, problems)
+            return self._load(folder, options, problems)
         except LayoutError as exc:
             if not options.lenient:
                 raise
             return layout_problem(folder, FORMAT, tag_files(folder), "deepspeed",
                                   [*problems, exc.message])
 
-    def _load(self, source: Source, folder: Path, options: ReadOptions,
-              problems: list[str]) -> Checkpoint:
+    def _load(self, folder: Path, options: ReadOptions, problems: list[str]) -> Checkpoint:
         found = _Files(folder)
         model0 = self.load_file(found.model[0], options)
         parts = [model0]
@@ -252,6 +251,8 @@ class DeepSpeedReader:
             models = [model0] + [self.load_file(p, options) for p in model_files[1:]]
             parts = [*models, *optims]
             files = (*model_files, *optim_files)
+            if any(part.source.refused_globals for part in parts):  # lenient: name them
+                return Checkpoint({}, merged_facts(folder, FORMAT, parts, files, {}))
             for other, path in zip(optims, optim_files, strict=True):
                 theirs = _get(other.tree, "optimizer_state_dict", path, dict)
                 if theirs.get("partition_count") != count or theirs.get(
