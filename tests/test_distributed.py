@@ -190,7 +190,7 @@ def test_rank_files_match_the_full_state_dict(dist, run, tmp_path, world, kind):
 
 
 @pytest.mark.parametrize("kind", ["fsdp1", "fsdp2", "dtensor"])
-def test_one_rank_file_is_data_not_dangerous(dist, run, kind):
+def test_one_rank_file_is_data_not_dangerous(dist, run, tmp_path, kind):
     single = next((dist / kind / "ws2").glob("*rank0.pt"))
     result = run("inspect", single)
     assert result.exit_code == 0 and "DANGEROUS" not in result.stdout
@@ -198,6 +198,9 @@ def test_one_rank_file_is_data_not_dangerous(dist, run, kind):
     checked = run("check", single)
     assert checked.exit_code == 1 and "CKP013" in checked.stdout and "CKP003" not in \
         checked.stdout
+    refused = run("normalize", single, tmp_path / "out.safetensors")
+    assert refused.exit_code == 2 and "normalize the folder of all rank files" in \
+        refused.stderr
 
 
 def test_whole_dtensors_read_as_plain_tensors(dist, run, tmp_path):
