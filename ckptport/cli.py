@@ -113,9 +113,12 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def command(*args: Any, select: str, ema: str, strip_prefix: tuple[str, ...],
-                keep_prefixes: bool, dtype: str, **kwargs: Any) -> Any:
+                keep_prefixes: bool, dtype: str, subtree: str | None, keep: tuple[str, ...],
+                drop: tuple[str, ...], rename: tuple[tuple[str, str], ...],
+                map_file: Path | None, **kwargs: Any) -> Any:
         options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                                   keep_prefixes=keep_prefixes, dtype=dtype)
+                                   keep_prefixes=keep_prefixes, dtype=dtype, subtree=subtree,
+                                   keep=keep, drop=drop, rename=rename, recipe=map_file)
         return func(*args, options=options, **kwargs)
 
     options = [
@@ -134,6 +137,20 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
         click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
                      show_default=True, help="Cast floating-point tensors."),
+        click.option("--subtree", metavar="PREFIX",
+                     help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
+                          "Runs after prefix stripping; then --keep/--drop, then --rename."),
+        click.option("--keep", multiple=True, metavar="GLOB",
+                     help="Keep only keys matching a shell-style GLOB ('layer*'). Repeatable."),
+        click.option("--drop", multiple=True, metavar="GLOB",
+                     help="Drop keys matching GLOB ('*.num_batches_tracked'), after --keep. "
+                          "Repeatable."),
+        click.option("--rename", multiple=True, nargs=2, metavar="PATTERN REPLACEMENT",
+                     help="re.sub(PATTERN, REPLACEMENT) on every key, groups allowed "
+                          "('^blocks\\.(\\d+)\\.' 'layers.\\1.'). Repeatable, in order; last."),
+        click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
+                     help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
+                          "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
         click.option("--max-expansion", type=click.FloatRange(min=0, min_open=True),
                      metavar="RATIO", help="Tensors may stand for at most RATIO times the "
                      "file's bytes plus 64 MiB (default 2, or CKPTPORT_MAX_EXPANSION): stride-0 "
@@ -229,6 +246,13 @@ def cli() -> None:
                    "machines share a folder with no coordination.")
 @click.option("--dry-run", is_flag=True,
               help="Folder mode: list what would be converted (part I/N) and stop.")
+@click.option("--metadata", type=click.Choice(["keep", "drop"]), default="keep",
+              show_default=True,
+              help="A safetensors source's own metadata (modelspec, ss_*, notes) in a "
+                   "safetensors DST: carried, or left out.")
+@click.option("--hash-name", is_flag=True,
+              help="Name the output STEM-<first 8 hex of its sha256>.EXT (what torch.hub's "
+                   "check_hash verifies) and print that name. One file only.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
@@ -236,8 +260,8 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
               options: NormalizeOptions, max_expansion: float | None, anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
-              part: tuple[int, int] | None, dry_run: bool, quiet: bool,
-              report_format: str) -> None:
+              part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
+              quiet: bool, report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
@@ -250,20 +274,26 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
     from .render import formatter
 
     if src.is_dir() and not _is_checkpoint_folder(src):
-        if manifest_path is not None or max_shard_size is not None or dcp_key is not None:
+        if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
+                or hash_name:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size and --dcp-key apply to one SRC")
+                                   "--max-shard-size, --dcp-key and --hash-name apply to one "
+                                   "SRC")
         from .commands.folder import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:
             folder_report = normalize_folder(src, dst, FolderOptions(
                 options=options, to=to or "pth", anchor=anchor, overwrite=overwrite,
-                verify=verify, jobs=jobs, part=part, dry_run=dry_run,
+                verify=verify, jobs=jobs, part=part, dry_run=dry_run, metadata=metadata,
                 max_expansion=max_expansion), progress=progress)
         click.echo(formatter(report_format).folder(folder_report))
         ctx.exit(folder_report.exit_code)
     if part is not None or dry_run:
         raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
+    if hash_name and (max_shard_size is not None or to == "dcp" or dst.is_dir()
+                      or str(dst).endswith(os.sep)):
+        raise click.UsageError("--hash-name names one file by its sha256; a shard set or DCP "
+                               "folder has many")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
@@ -274,8 +304,9 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
         report = normalize_file(src, dst, options,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
-                                manifest=manifest_path, jobs=jobs,
-                                max_expansion=max_expansion, progress=progress)
+                                manifest=manifest_path, jobs=jobs, metadata=metadata,
+                                hash_name=hash_name, max_expansion=max_expansion,
+                                progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
 
@@ -334,11 +365,15 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
 @_report_format("diff")
 @click.option("--plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Also draw per-tensor max relative error, in model order (needs matplotlib).")
+@click.option("--map-a", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to A only.")
+@click.option("--map-b", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to B only.")
 @click.pass_context
 def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
          max_expansion: float | None, raw: bool, atol: float,
          rtol: float, cast: bool, trust: bool, limit: int, quiet: bool, report_format: str,
-         plot: Path | None) -> None:
+         plot: Path | None, map_a: Path | None, map_b: Path | None) -> None:
     """Compare checkpoints A and B (any formats, or a manifest), both normalized alike first.
 
     Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
@@ -348,9 +383,10 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
     from .commands.diff import diff as diff_checkpoints
     from .render import formatter
 
-    if raw and options != NormalizeOptions():
+    if raw and (options != NormalizeOptions() or map_a or map_b):
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
-                               "--select, --ema, --strip-prefix, --keep-prefixes or --dtype")
+                               "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
+                               "the key options")
     if trust:
         click.echo("ckptport: warning: --trust: both files are unpickled with full Python; "
                    "any code in them runs", err=True)
@@ -358,7 +394,8 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
         progress(f"reading {a} and {b}", 0)
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
                                   options=None if raw else options, raw=raw, trust=trust,
-                                  max_expansion=max_expansion, progress=progress)
+                                  map_a=map_a, map_b=map_b, max_expansion=max_expansion,
+                                  progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
         from .commands.plot import plot_drift

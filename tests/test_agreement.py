@@ -184,7 +184,7 @@ REFUSED: dict[str, tuple[str, ...]] = {
     "allowlist: builtins.compile,": (
         "call_builtins_compile.pt", "call_builtins_compile_legacy.pt",
     ),
-    "allowlist: builtins.getattr,": (
+    "calls builtins.getattr on something other than a recorded class": (
         "call_builtins_getattr.pt", "call_builtins_getattr_legacy.pt",
     ),
     "allowlist: builtins.__import__,": (
@@ -212,9 +212,10 @@ REFUSED: dict[str, tuple[str, ...]] = {
         "call_torch_storage__load_from_bytes.pt", "call_torch_storage__load_from_bytes_legacy.pt",
         "torch_load_from_bytes_nested.pt",
     ),
-    "allowlist: mypkg.factory.make_model,": (
-        "call_mypkg_factory_make_model.pt", "call_mypkg_factory_make_model_legacy.pt",
-    ),
+    "allowlist: wave.open,": ("call_wave_open.pt", "call_wave_open_legacy.pt"),
+    "allowlist: sqlite3.connect,": ("call_sqlite3_connect.pt", "call_sqlite3_connect_legacy.pt"),
+    "allowlist: mailbox.Maildir,": ("call_mailbox_Maildir.pt", "call_mailbox_Maildir_legacy.pt"),
+    "allowlist: aifc.open,": ("call_aifc_open.pt", "call_aifc_open_legacy.pt"),
     "corrupt or truncated zip archive": ("truncated.pth",),
     "not a PyTorch or safetensors checkpoint": ("random.pth",),
     "empty file (0 bytes)": ("empty.pth",),
@@ -229,9 +230,7 @@ REFUSED: dict[str, tuple[str, ...]] = {
     "allowlist: builtins.execfile (named __builtin__.execfile in the file),": (
         "compat_builtin_execfile.pt",
     ),
-    "allowlist: builtins.getattr (named __builtin__.getattr in the file),": (
-        "compat_builtin_getattr.pt",
-    ),
+    "allowlist: posixpath.os, which can run code": ("compat_builtin_getattr.pt",),
     "allowlist: functools.reduce (named __builtin__.reduce in the file),": (
         "compat_builtin_reduce.pt",
     ),
@@ -363,7 +362,7 @@ REFUSED: dict[str, tuple[str, ...]] = {
 # is then what refuses the file. Either cause passes until that lands; refused it stays.
 EITHER_CAUSE = dict.fromkeys(
     ("persistent_id_not_storage.pt", "persistent_id_not_storage_legacy.pt"),
-    ("a persistent id other than a storage ('module')", "allowlist: os.system,"))
+    ("a persistent id other than a storage", "allowlist: os.system,"))
 
 
 @dataclass(frozen=True)

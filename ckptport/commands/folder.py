@@ -65,11 +65,14 @@ class FolderOptions:
     part: tuple[int, int] | None = None  # (I, N), 1 <= I <= N
     dry_run: bool = False
     max_expansion: float | None = None  # readers.budget's ratio
+    metadata: str = "keep"  # a safetensors source's own metadata: keep or drop
 
     def key(self) -> str:
         """What decides an output's bytes: a journal entry counts only under the same key."""
         return json.dumps({"options": options_of(self.options), "to": self.to,
-                           "anchor": self.anchor}, sort_keys=True)
+                           "anchor": self.anchor,
+                           **({"metadata": self.metadata} if self.metadata != "keep" else {})},
+                          sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,7 @@ def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict
         out.parent.mkdir(parents=True, exist_ok=True)
         report = normalize_file(task.found.path, out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
-                                jobs=1, hash_source=True,
+                                jobs=1, hash_source=True, metadata=settings.metadata,
                                 max_expansion=settings.max_expansion)
     except CkptportError as exc:
         return {"outcome": FileOutcome(task.source, task.output, "failed",

@@ -65,6 +65,8 @@ class JsonFormatter:
             "source": source,
             "selection": jsonable(dict(selected.details)) if selected else {},
             "rules": [jsonable(r) for r in report.rules],
+            "map_sha256": report.map_sha256,
+            "metadata_kept": list(report.metadata_kept),
             "output": jsonable(report.output),
         }
         return json.dumps(doc, indent=2)

@@ -76,6 +76,10 @@ class TextFormatter:
         ]
         for result in report.rules:
             lines += _rule_lines(result)
+        if report.map_sha256:
+            lines.append(f"  map: recipe sha256 {report.map_sha256}")
+        if report.metadata_kept:
+            lines.append(f"  metadata: carried the source's {', '.join(report.metadata_kept)}")
         lines += [f"  note: {note}" for note in (*src.notes, *out.notes)]
         return joined(lines)
 

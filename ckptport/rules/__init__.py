@@ -2,8 +2,8 @@
 
 The order matters and is fixed: pick the weights first (so later rules see
 only what will be written), map storages to the CPU, turn objects into
-plain data, strip wrapper prefixes, cast, then compact storages (which must
-see the final tensors).
+plain data, strip wrapper prefixes, key surgery (subtree, keep/drop,
+rename), cast, then compact storages (which must see the final tensors).
 
 To add a rule: write a module with a frozen dataclass that has a ``name``
 and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
@@ -12,14 +12,16 @@ and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
-from ..errors import OptionError
+from ..errors import OptionError, RuleError
 from ..tree import is_state_dict
 from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
+from .keys import Recipe, Step, compile_rename, key_rules, load_recipe, recipe_of
 from .objects import ConvertObjects
 from .prefixes import AUTO, StripPrefixes, normalize_prefix, strip_key
 from .select import EMA_MODES, Select
@@ -38,6 +40,8 @@ __all__ = [
     "EMA_MODES",
     "strip_key",
     "is_state_dict",
+    "Recipe",
+    "load_recipe",
 ]
 
 @dataclass(frozen=True)
@@ -48,6 +52,13 @@ class NormalizeOptions:
     holds no EMA weights) or ``prefer``. ``strip_prefixes`` may hold
     ``auto``; ``model`` means ``model.``. Every field is checked here, so a
     bad value from the API or a manifest is an ``OptionError`` naming it.
+
+    Key surgery (``rules/keys.py``) runs after prefix stripping, in this
+    order: ``subtree`` (keep the keys under it, stripped), ``keep`` then
+    ``drop`` (shell-style globs), ``rename`` ((pattern, replacement) regex
+    pairs, in order). ``recipe`` (``--map FILE``: a ``Recipe`` or the path of
+    its TOML/JSON file) holds such steps in its own order instead; the two
+    cannot be combined. A bad pattern or recipe is a ``RuleError`` here.
     """
 
     select: str = "auto"
@@ -55,6 +66,11 @@ class NormalizeOptions:
     strip_prefixes: tuple[str, ...] = ()
     keep_prefixes: bool = False
     dtype: str = "keep"
+    subtree: str | None = None
+    keep: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    rename: tuple[tuple[str, str], ...] = ()
+    recipe: Recipe | str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.select, str) and bool(self.select), "select",
@@ -70,6 +86,44 @@ class NormalizeOptions:
                "a list of non-empty strings", prefixes)
         object.__setattr__(self, "strip_prefixes",
                            tuple(normalize_prefix(p) for p in prefixes))
+        self._check_keys()
+
+    def _check_keys(self) -> None:
+        """Key-surgery options as tuples, every pattern and the recipe checked."""
+        if self.subtree is not None and not (isinstance(self.subtree, str)
+                                             and self.subtree.strip(".")):
+            raise RuleError(f"--subtree {self.subtree!r}: name a module path (backbone)")
+        for option in ("keep", "drop"):
+            patterns = getattr(self, option)
+            patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+            if not all(isinstance(p, str) and p for p in patterns):
+                raise RuleError(f"--{option}: each pattern is a non-empty string")
+            object.__setattr__(self, option, patterns)
+        pairs = []
+        for pair in self.rename:
+            if isinstance(pair, str) or len(pair) != 2 or \
+                    not all(isinstance(x, str) for x in pair):
+                raise RuleError(f"--rename {pair!r}: give (PATTERN, REPLACEMENT)")
+            compile_rename(*pair)
+            pairs.append((pair[0], pair[1]))
+        object.__setattr__(self, "rename", tuple(pairs))
+        if self.recipe is not None and not isinstance(self.recipe, Recipe):
+            object.__setattr__(self, "recipe", load_recipe(self.recipe))
+        if self.recipe is not None and (self.subtree or self.keep or self.drop or self.rename):
+            raise RuleError("--map holds the key steps in its own order; put --subtree, "
+                            "--keep, --drop and --rename steps into the recipe instead",
+                            self.loaded_recipe.path if self.loaded_recipe else None)
+
+    @property
+    def loaded_recipe(self) -> Recipe | None:
+        return self.recipe if isinstance(self.recipe, Recipe) else None
+
+    @property
+    def key_steps(self) -> tuple[Step, ...]:
+        """The key-surgery steps in the order they run."""
+        if self.loaded_recipe is not None:
+            return self.loaded_recipe.steps
+        return recipe_of(self.subtree, self.keep, self.drop, self.rename)
 
 
 def _check(ok: bool, name: str, expected: str, value: object) -> None:
@@ -97,6 +151,7 @@ def build_rules(options: NormalizeOptions, *, lazy: bool = False,
         ConvertObjects(),
         StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes,
                       require_match=require_prefix_match),
+        *key_rules(options.key_steps, require_match=require_prefix_match),
         CastDtype(options.dtype, lazy=lazy),
         CompactTensors(lazy=lazy),
     ]
