@@ -192,13 +192,14 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
-    """A shard set, DCP or Hugging Face folder (one checkpoint), not a folder of them."""
+    """A shard set, DCP, Hugging Face, DeepSpeed or rank-files folder (one checkpoint), not
+    a folder of them."""
     from .containers.shard_index import find_index
-    from .readers import HF_WEIGHTS
+    from .readers import HF_WEIGHTS, is_rank_layout
     from .readers.dcp import is_dcp
 
     return is_dcp(path) or find_index(path) is not None or \
-        any((path / name).exists() for name in HF_WEIGHTS)
+        any((path / name).exists() for name in HF_WEIGHTS) or is_rank_layout(path)
 
 
 def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:

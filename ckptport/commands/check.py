@@ -235,6 +235,21 @@ def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
                      "if you vouch for it")
 
 
+def _partial_layout(file: FileUnderCheck) -> Iterable[Hit]:
+    from ..readers.layouts import PROBLEMS
+    from ..readers.ranks import one_rank
+
+    problems = file.checkpoint.source.metadata.get(PROBLEMS)
+    for line in problems.splitlines() if problems else ():
+        yield None, line
+    shard = one_rank(file.checkpoint.tree)
+    if shard is not None:
+        key, layout = shard
+        yield key, (f"holds rank {layout.rank}'s shard of a tensor sharded over {layout.world} "
+                    "ranks: one rank file of a sharded state dict; read the folder of all "
+                    "rank files as one checkpoint")
+
+
 CODES = {rule.code: rule for rule in (
     CheckCode("CKP001", "device-bound", "warning",
               "storages the file records on a device other than the CPU (cuda:3)",
@@ -297,6 +312,14 @@ CODES = {rule.code: rule for rule in (
               "usually benign, unlike CKP003's code-running names",
               "ckptport normalize SRC DST (keeps them as data); --ignore CKP012 to accept a "
               "package you trust", _third_party_calls),
+    CheckCode("CKP013", "partial-layout", "error",
+              "a sharded checkpoint that is not whole: a rank file missing, world sizes that "
+              "disagree, rank files left over from an earlier run with more ranks, shards that "
+              "do not tile a tensor, or one rank's file read alone",
+              "consolidating it fails or silently mixes runs; a single rank's file holds a "
+              "fraction of each tensor",
+              "save again from every rank, remove stale rank files, or check the whole "
+              "folder (DeepSpeed tag folder, folder of rank files)", _partial_layout),
     CheckCode("CKP014", "expansion", "error",
               "tensors that stand for more bytes than the budget allows relative to the "
               "file's size (stride-0 or overlapping views), naming the biggest",

@@ -29,14 +29,16 @@ from ..unpickle.values import Device, Size
 from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
 from .dcp import DcpReader, dcp_metadata, is_dcp
+from .deepspeed import DeepSpeedReader, is_deepspeed, tag_files, tag_folder
 from .legacy import LegacyReader
+from .ranks import RankFilesReader, rank_files
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "HF_WEIGHTS"]
+           "HF_WEIGHTS", "is_rank_layout"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -51,6 +53,12 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     if given.is_dir():
         if is_dcp(given):
             return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
+        tag = tag_folder(given)
+        if tag is not None:
+            return Source(given, SourceKind.DEEPSPEED, tag, tag_files(tag))
+        ranks = rank_files(given)
+        if ranks is not None:
+            return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
         index = find_index(given)
         target = index if index is not None else _hf_weights(given)
     if target.name.endswith(".index.json"):
@@ -65,6 +73,12 @@ def resolve(path: str | os.PathLike[str]) -> Source:
                          "safetensors library, which cannot read it, so readers would "
                          "disagree; rename it", target)
     return Source(given, SourceKind.FILE, target, (target,), fmt, file)
+
+
+def is_rank_layout(folder: Path) -> bool:
+    """A DeepSpeed checkpoint or a folder of per-rank files: one checkpoint, not a folder
+    of them."""
+    return is_deepspeed(folder) or rank_files(folder) is not None
 
 
 def _hf_weights(folder: Path) -> Path:
@@ -83,7 +97,8 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 
 READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
                                SafetensorsReader(), ShardsReader(_load_file),
-                               DcpReader(_load_file))
+                               DcpReader(_load_file), DeepSpeedReader(_load_file),
+                               RankFilesReader(_load_file))
 
 
 def _reader_for(source: Source) -> Reader:

@@ -47,6 +47,8 @@ class SourceKind(str, enum.Enum):
     FILE = "file"
     SHARDS = "shards"
     DCP = "dcp"
+    DEEPSPEED = "deepspeed"
+    RANKS = "ranks"
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,7 @@ class Select:
         if len(candidates) == 1:
             return _Pick(candidates[0][0], "the only dict of tensors outside optimizer state")
         if not candidates:
+            _one_rank(tree, checkpoint.source.path)
             raise SelectionError(f"--select auto found no state dict: the checkpoint is "
                                  f"{_a(tree)} holding no dict of tensors (outside optimizer "
                                  "state) and no recorded model; use --select all or --select "
@@ -137,6 +138,19 @@ class Select:
 def is_optimizer_state(value: Any) -> bool:
     """An optimizer's ``state_dict()``: its tensors are moments and steps, never weights."""
     return isinstance(value, Mapping) and "state" in value and "param_groups" in value
+
+
+def _one_rank(tree: Any, path: Any) -> None:
+    """A state dict of one rank's shards (FSDP, DTensor) is not the model: say what is."""
+    from ..readers.ranks import one_rank
+
+    shard = one_rank(tree)
+    if shard is not None:
+        key, layout = shard
+        raise SelectionError(f"{key!r} is rank {layout.rank}'s shard of a tensor sharded over "
+                             f"{layout.world} ranks: this file is one rank's part of a sharded "
+                             "state dict; normalize the folder of all rank files "
+                             "(model_rank0.pt, model_rank1.pt, ...) as one checkpoint", path)
 
 
 def _candidates(tree: Any) -> list[tuple[KeyPath, Any]]:

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from .distributed_values import distributed_table
 from .numpy_values import numpy_table
 from .torch_values import torch_table
 from .values import (
@@ -214,7 +215,7 @@ def _plain_table() -> dict[str, Any]:
 @cache
 def table() -> dict[str, Any]:
     """Qualified name -> what a pickle gets for it."""
-    return {**_plain_table(), **torch_table(), **numpy_table()}
+    return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table()}
 
 
 def allowed_names() -> frozenset[str]:
