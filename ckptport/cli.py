@@ -295,7 +295,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
                                    "--max-shard-size, --dcp-key and --hash-name apply to one "
                                    "SRC")
-        from .commands.folder import FolderOptions, normalize_folder
+        from .commands.normalize import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:
             folder_report = normalize_folder(src, dst, FolderOptions(
@@ -410,7 +410,7 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
                                   progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
-        from .commands.plot import plot_drift
+        from .render.plot import plot_drift
 
         plot_drift(report, plot)
     if not report.equal:
