@@ -28,6 +28,7 @@ from ..dtypes import dtype_of
 from ..tensors import chunks, contiguous_strides, nbytes, view_key
 from ..tree import is_tensor, rebuild_dict
 from ..treejson import sorted_items
+from .staging import preallocate
 from .torchzip import ZipWriter
 
 if TYPE_CHECKING:
@@ -173,8 +174,10 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, anchor, tap)
     pickler.dump(canonical(tree))
+    pickled = buffer.getvalue()
     archive = ZipWriter(file)
-    archive.record("data.pkl", [buffer.getvalue()])
+    preallocate(file, archive.bound([len(pickled)] + [n for _, n in pickler.records.values()]))
+    archive.record("data.pkl", [pickled])
     archive.record(".format_version", [b"1"])
     archive.record(".storage_alignment", [b"64"])
     archive.record("byteorder", [sys.byteorder.encode()])
@@ -182,6 +185,7 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
         archive.record(f"data/{key}", _counted(produce(), advance))
     archive.record("version", [b"3\n"])
     archive.close()
+    file.truncate(archive.position)  # what ``preallocate`` reserved beyond the archive
 
 
 def _counted(pieces: Iterator[bytes | memoryview], advance: Callable[[int], None]

@@ -26,6 +26,7 @@ from ..dtypes import dtype_of
 from ..errors import OutputError
 from ..tensors import chunks, nbytes, view_key
 from ..tree import KEY_ALIASES, KEY_TREE, KEY_VERSION, KeyPath, format_path, iter_tensors
+from .staging import preallocate
 
 if TYPE_CHECKING:
     from . import WriteOptions
@@ -145,6 +146,7 @@ def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
 def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[int], None],
                       tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
                       ) -> None:
+    preallocate(file, len(plan.header) + sum(e.end - e.start for e in plan.entries.values()))
     file.write(plan.header)
     for name in plan.entries:
         tensor = plan.tensors[name]

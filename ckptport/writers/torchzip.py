@@ -70,6 +70,13 @@ class ZipWriter:
             self._write(struct.pack("<4sIII", b"PK\x07\x08", crc, size, size))
         self.members.append(_Member(full, offset, size, crc))
 
+    def bound(self, sizes: Iterable[int], names: int = 64) -> int:
+        """At most how many bytes the archive takes: records of ``sizes`` (and the few small
+        ones torch adds) with names up to ``names`` bytes, directory and end records."""
+        sizes = list(sizes)
+        per_record = 2 * (46 + len(self.top) + names + 28) + ALIGNMENT + 24
+        return sum(sizes) + (len(sizes) + 8) * per_record + 1024
+
     def close(self) -> None:
         self.record(".data/serialization_id", [self._serialization_id()])
         directory_start = self.position
