@@ -304,6 +304,10 @@ def main() -> int:
     load_start = _loadavg()
 
     py = sys.executable
+    # the commands import this checkout's ckptport, not whichever one is installed
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p
+    )
     ck = shutil.which("ckptport", path=str(Path(py).parent)) or "ckptport"
     have = _commands(ck)
     o_pth, o_st = OUT / "out.pth", OUT / "out.safetensors"
