@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import threading
 import zipfile
 from pathlib import Path
 
@@ -90,6 +91,26 @@ def test_preallocated_file_ends_where_the_archive_ends(fx, tmp_path):
     memory = io.BytesIO()  # no descriptor: neither preallocated nor copied by the kernel
     write_pth(tree.checkpoint.tree, memory, "cpu", lambda n: None)
     assert out.read_bytes() == memory.getvalue()
+
+
+def test_pth_streams_into_a_pipe_as_before(fx):
+    """A stream that cannot seek is neither preallocated nor copied into: plain writes."""
+    tree = apply_rules(open_checkpoint(fx["ddp_cuda3"]), NormalizeOptions(), lazy=True)
+    memory = io.BytesIO()
+    write_pth(tree.checkpoint.tree, memory, "cpu", lambda n: None)
+    read_end, write_end = os.pipe()
+    received: list[bytes] = []
+
+    def drain() -> None:
+        with open(read_end, "rb") as pipe:
+            received.append(pipe.read())
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    with open(write_end, "wb") as pipe:
+        write_pth(tree.checkpoint.tree, pipe, "cpu", lambda n: None)
+    reader.join()
+    assert received == [memory.getvalue()]
 
 
 def test_source_cut_during_kernel_copy_is_an_input_error(tmp_path):

@@ -31,7 +31,8 @@ class RangeCopier:
         self.file = file
         self.fd: int | None
         try:
-            self.fd = file.fileno() if hasattr(os, "copy_file_range") else None
+            seekable = file.seekable() and hasattr(os, "copy_file_range")
+            self.fd = file.fileno() if seekable else None
         except (AttributeError, OSError, ValueError):  # io.BytesIO and the like
             self.fd = None
 

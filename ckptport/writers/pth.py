@@ -179,7 +179,8 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
     pickler.dump(canonical(tree))
     pickled = buffer.getvalue()
     archive = ZipWriter(file)
-    preallocate(file, archive.bound([len(pickled)] + [n for _, n, _ in pickler.records.values()]))
+    reserved = preallocate(file, archive.bound([len(pickled)]
+                                               + [n for _, n, _ in pickler.records.values()]))
     archive.record("data.pkl", [pickled])
     archive.record(".format_version", [b"1"])
     archive.record(".storage_alignment", [b"64"])
@@ -188,7 +189,8 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
         archive.record(f"data/{key}", _counted(produce(), advance), where)
     archive.record("version", [b"3\n"])
     archive.close()
-    file.truncate(archive.position)  # what ``preallocate`` reserved beyond the archive
+    if reserved:  # give back what was reserved beyond the archive
+        file.truncate(archive.position)
 
 
 def _counted(pieces: Iterator[bytes | memoryview], advance: Callable[[int], None]
