@@ -127,6 +127,24 @@ def test_source_cut_during_kernel_copy_is_an_input_error(tmp_path):
     assert "truncated" in str(caught.value) and str(src) in caught.value.line()
 
 
+def test_kernel_copy_of_nothing_leaves_it_to_the_caller(tmp_path):
+    """Zero bytes copied at the start (a source cut to nothing, or a filesystem whose
+    copy_file_range copies nothing): the caller's own read decides what it is."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 4096)
+    source = open_source(src)
+    try:
+        os.truncate(src, 0)
+        with open(tmp_path / "out.bin", "wb") as out:
+            copier = copy_module.RangeCopier(out)
+            assert copier.copy(source, 0, 4096) is False
+            assert copier.fd is None
+        with pytest.raises(InputError, match="truncated"):
+            source.read(0, 4096)
+    finally:
+        source.close()
+
+
 def test_kernel_copy_refused_falls_back_to_writing(tmp_path, monkeypatch):
     _refuse_kernel_copies(monkeypatch)
     src = tmp_path / "src.bin"

@@ -52,6 +52,9 @@ class RangeCopier:
                     raise
                 self.fd = None  # not on this filesystem: write from here on
                 return False
+            if n == 0 and not done:  # nothing there, or a filesystem that copies nothing:
+                self.fd = None  # the caller's own read tells which
+                return False
             if n == 0:
                 raise InputError(f"ends at byte {offset + done} although {offset + size} bytes "
                                  "were expected (truncated, or changed while it was read)",
