@@ -8,6 +8,7 @@ traceback for a bad file and never sees exit 0 for a failure.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -43,22 +44,35 @@ class CkptportError(Exception):
     """
 
     exit_code = EXIT_ERROR
-    # code-running globals met before the input was refused, for reports that name them,
-    # and the file's own spelling of those it spells differently (``commands.Popen``)
-    dangerous: tuple[str, ...] = ()
-    spellings: Mapping[str, str] = MappingProxyType({})
 
-    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None, *,
+                 dangerous: tuple[str, ...] = (),
+                 spellings: Mapping[str, str] = MappingProxyType({})) -> None:
+        """``dangerous``: code-running globals met before the input was refused, for reports
+        that name them; ``spellings``: the file's own spelling of those it spells
+        differently (``commands.Popen``)."""
         self.path = os.fspath(path) if path is not None else None
         self.message = message
+        self.dangerous = dangerous
+        self.spellings = MappingProxyType(dict(spellings))
         super().__init__(self.line())
 
     def at(self, path: str | os.PathLike[str]) -> CkptportError:
-        """The same error, naming ``path`` if it named no file yet."""
-        if self.path is None:
-            self.path = os.fspath(path)
-            self.args = (self.line(),)
-        return self
+        """This error naming ``path``, if it named no file yet (a new error; this one
+        stays as it was raised)."""
+        if self.path is not None:
+            return self
+        made = copy.copy(self)
+        made.path = os.fspath(path)
+        made.args = (made.line(),)
+        return made
+
+    def naming(self, dangerous: tuple[str, ...], spellings: Mapping[str, str]) -> CkptportError:
+        """This error, also naming code-running globals met before it (a new error)."""
+        made = copy.copy(self)
+        made.dangerous = tuple(dict.fromkeys((*self.dangerous, *dangerous)))
+        made.spellings = MappingProxyType({**self.spellings, **spellings})
+        return made
 
     def line(self) -> str:
         """The single line shown to the user."""
@@ -85,10 +99,9 @@ class UnsafeCheckpointError(InputError):
     """The source needs globals that ckptport will not run without ``--trust``."""
 
     def __init__(self, path: str | os.PathLike[str] | None, globals_: tuple[str, ...],
-                 why: str) -> None:
+                 why: str, spellings: Mapping[str, str] = MappingProxyType({})) -> None:
         self.globals = globals_
-        self.dangerous = globals_
-        super().__init__(why, path)
+        super().__init__(why, path, dangerous=globals_, spellings=spellings)
 
 
 class CodeArchiveError(InputError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import gc
 import sys
 from collections import OrderedDict
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "KeyPath", "format_path", "Leaf", "is_tensor", "ObjectRecord", "GlobalRef", "Backref",
+    "KeyPath", "format_path", "Leaf", "is_tensor", "ObjectRecord", "RecordKind", "TextEnum",
+    "GlobalRef", "Backref",
     "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
     "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
     "KEY_RULES", "CKPTPORT_KEYS", "type_name",
@@ -75,6 +77,21 @@ class GlobalRef:
     dangerous: bool = False
 
 
+class TextEnum(str, enum.Enum):
+    """An enum whose members print and compare as their text: reports and JSON show the
+    value (``error``), never the member's name."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+class RecordKind(TextEnum):
+    """How the file made an object: as classes are made, or by calling something."""
+
+    INSTANCE = "instance"
+    CALL = "call"
+
+
 @dataclass(eq=False)
 class ObjectRecord:
     """An instance of a class outside the allow-list, or a call ckptport did not make.
@@ -87,7 +104,7 @@ class ObjectRecord:
     """
 
     name: str
-    kind: str = "instance"
+    kind: RecordKind = RecordKind.INSTANCE
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     state: Any = None

@@ -25,6 +25,7 @@ from ..tree import (
     Backref,
     GlobalRef,
     ObjectRecord,
+    RecordKind,
     children,
     is_state_dict,
     iter_nodes,
@@ -254,7 +255,7 @@ class _Survey:
 
 def _kind(value: Any) -> str:
     if isinstance(value, ObjectRecord):
-        return value.name if value.kind == "instance" else f"call {value.name}"
+        return value.name if value.kind is RecordKind.INSTANCE else f"call {value.name}"
     return type_name(value)
 
 

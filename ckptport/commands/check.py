@@ -39,19 +39,27 @@ from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
+from ..tree import TextEnum
 from ..unpickle import allowed_names
 
-__all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding",
+__all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding", "Severity",
            "FileResult", "Skipped", "CheckReport", "check", "CODE_PATTERN", "FINITE_SCOPES"]
 
 CODE_PATTERN = re.compile(r"(?i)CKP\d{3}(\s*,\s*CKP\d{3})*")
 FINITE_SCOPES = ("weights", "all")
 
 
+class Severity(TextEnum):
+    """How a finding is annotated (GitHub ``::error`` / ``::warning``); both fail the gate."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
 @dataclass(frozen=True)
 class Finding:
     code: str
-    severity: str
+    severity: Severity
     path: Path
     key: str | None
     message: str
@@ -119,7 +127,7 @@ class CheckCode:
 
     code: str
     name: str
-    severity: str  # "error" or "warning"; both fail the gate (exit 1)
+    severity: Severity  # both fail the gate (exit 1); annotations and readers tell them apart
     finds: str
     why: str
     fix: str
@@ -261,68 +269,68 @@ def _partial_layout(file: FileUnderCheck) -> Iterable[Hit]:
 
 
 CODES = {rule.code: rule for rule in (
-    CheckCode("CKP001", "device-bound", "warning",
+    CheckCode("CKP001", "device-bound", Severity.WARNING,
               "storages the file records on a device other than the CPU (cuda:3)",
               "torch.load without map_location fails on a machine without that device",
               "ckptport normalize SRC DST (maps to cpu; --anchor cpu)", _device_bound),
-    CheckCode("CKP002", "globals-beyond-weights-only", "warning",
+    CheckCode("CKP002", "globals-beyond-weights-only", Severity.WARNING,
               "globals plain torch.load(weights_only=True) refuses (argparse.Namespace, numpy, "
               "custom classes), each named with what normalize does with it",
               "since PyTorch 2.6 consumers must pass weights_only=False, which runs any code",
               "ckptport normalize SRC DST (turns objects into plain data)", _beyond_weights_only),
-    CheckCode("CKP003", "dangerous-global", "error",
+    CheckCode("CKP003", "dangerous-global", Severity.ERROR,
               "globals that run code, import or touch files (os.system, builtins.eval, "
               "subprocess.*, every standard-library global but its few data classes, …), "
               "each named",
               "loading the file with full unpickling runs that code",
               "do not load the file; rebuild it from a trusted source", _dangerous),
-    CheckCode("CKP004", "wrapper-prefix", "warning",
+    CheckCode("CKP004", "wrapper-prefix", Severity.WARNING,
               "state-dict keys wrapped by DDP/DataParallel (module.), torch.compile "
               "(_orig_mod.), FSDP, activation checkpointing",
               "load_state_dict into the bare model fails with missing/unexpected keys",
               "ckptport normalize SRC DST (strips them)", _wrapper_prefixes),
-    CheckCode("CKP005", "storage-bloat", "warning",
+    CheckCode("CKP005", "storage-bloat", Severity.WARNING,
               "storages larger than the bytes their tensors use (a saved slice of a big tensor)",
               "the file carries bytes nobody uses; downloads and loads cost more",
               "ckptport normalize SRC DST (compacts every storage)", _storage_bloat),
-    CheckCode("CKP006", "non-finite", "error",
+    CheckCode("CKP006", "non-finite", Severity.ERROR,
               "NaN or infinite values in floating-point tensors (with --finite)",
               "a diverged run exported as if it were good",
               "export from the last good step", _non_finite,
               lambda settings: settings.finite is not None),
-    CheckCode("CKP007", "format", "error",
+    CheckCode("CKP007", "format", Severity.ERROR,
               "a container format other than --require-format",
               "consumers expect one format (safetensors loads without unpickling)",
               "ckptport normalize SRC DST.safetensors", _format,
               lambda settings: bool(settings.formats)),
-    CheckCode("CKP008", "unreadable", "error",
+    CheckCode("CKP008", "unreadable", Severity.ERROR,
               "a file that cannot be read: corrupt, truncated, ambiguous, hostile pickle",
               "nothing can load it, or loaders disagree on what it holds",
               "re-export it; the message says what is wrong"),
-    CheckCode("CKP009", "disagrees-with-reference", "error",
+    CheckCode("CKP009", "disagrees-with-reference", Severity.ERROR,
               "tensors or values that differ from --against REF beyond --atol/--rtol",
               "the exported artifact is not the model that was validated",
               "export again from the reference, or compare with ckptport diff",
               _against_reference, lambda settings: settings.reference is not None),
-    CheckCode("CKP010", "disagrees-with-manifest", "error",
+    CheckCode("CKP010", "disagrees-with-manifest", Severity.ERROR,
               "tensors missing, unexpected, or with another dtype, shape or content than "
               "--against-manifest FILE records",
               "the artifact does not hold the weights that were released",
               "export again, or regenerate the manifest with ckptport manifest",
               _against_manifest, lambda settings: settings.manifest is not None),
-    CheckCode("CKP011", "code-archive", "error",
+    CheckCode("CKP011", "code-archive", Severity.ERROR,
               "a TorchScript or torch.package archive: loading it runs code it carries",
               "torch.jit.load and PackageImporter execute the archive's code",
               "ckptport normalize --trust SRC DST if you vouch for it, then ship DST",
               _code_archive),
-    CheckCode("CKP012", "third-party-call", "warning",
+    CheckCode("CKP012", "third-party-call", Severity.WARNING,
               "third-party callables the file calls (an enum member, a config class, a "
               "function), which ckptport cannot prove harmless, each named",
               "full unpickling (weights_only=False) runs them; a package's own enums are "
               "usually benign, unlike CKP003's code-running names",
               "ckptport normalize SRC DST (keeps them as data); --ignore CKP012 to accept a "
               "package you trust", _third_party_calls),
-    CheckCode("CKP013", "partial-layout", "error",
+    CheckCode("CKP013", "partial-layout", Severity.ERROR,
               "a sharded checkpoint that is not whole: a rank file missing, world sizes that "
               "disagree, rank files left over from an earlier run with more ranks, shards that "
               "do not tile a tensor, or one rank's file read alone",
@@ -330,7 +338,7 @@ CODES = {rule.code: rule for rule in (
               "fraction of each tensor",
               "save again from every rank, remove stale rank files, or check the whole "
               "folder (DeepSpeed tag folder, folder of rank files)", _partial_layout),
-    CheckCode("CKP014", "expansion", "error",
+    CheckCode("CKP014", "expansion", Severity.ERROR,
               "tensors that stand for more bytes than the budget allows relative to the "
               "file's size (stride-0 or overlapping views), naming the biggest",
               "normalize, manifest and --finite would write or read that much from a small "
@@ -483,7 +491,7 @@ def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileR
     message = " ".join(exc.message.split())
     code = "CKP011" if isinstance(exc, CodeArchiveError) else "CKP008"
     findings = [Finding(code, CODES[code].severity, path, None, message)]
-    findings += [Finding("CKP003", "error", path, None, _dangerous_message(
+    findings += [Finding("CKP003", Severity.ERROR, path, None, _dangerous_message(
                      name, _spelled(name, exc.spellings.get(name)))) for name in exc.dangerous]
     kept = tuple(f for f in findings if f.code in codes)
     return FileResult(path, kept, unreadable=not exc.dangerous and code == "CKP008")

@@ -93,16 +93,13 @@ class Reader(Protocol):
 
 def refusal(exc: PickleRefused, path: Path) -> CkptportError:
     """A pickle refusal in the words of the error family, naming the file."""
+    named = exc.names or tuple(n for n in exc.seen if _is_code(n.resolved))
+    spellings = {n.resolved: n.raw for n in named if n.raw != n.resolved}
     if exc.names:
-        error: CkptportError = UnsafeCheckpointError(path, tuple(n.resolved for n in exc.names),
-                                                     str(exc))
-        named = exc.names
-    else:
-        error = InputError(str(exc), path)
-        named = tuple(n for n in exc.seen if _is_code(n.resolved))
-        error.dangerous = tuple(n.resolved for n in named)
-    error.spellings = {n.resolved: n.raw for n in named if n.raw != n.resolved}
-    return error
+        return UnsafeCheckpointError(path, tuple(n.resolved for n in named), str(exc),
+                                     spellings)
+    return InputError(str(exc), path, dangerous=tuple(n.resolved for n in named),
+                      spellings=spellings)
 
 
 def _is_code(name: str) -> bool:

@@ -75,10 +75,8 @@ class _Layout:
             return self._load()
         except InputError as exc:
             met = [name for done in self.read for name in done.dangerous]
-            exc.dangerous = tuple(dict.fromkeys((*exc.dangerous, *(n.resolved for n in met))))
-            exc.spellings = {**exc.spellings,
-                             **{n.resolved: n.raw for n in met if n.raw != n.resolved}}
-            raise
+            raise exc.naming(tuple(n.resolved for n in met),
+                             {n.resolved: n.raw for n in met if n.raw != n.resolved}) from None
         except PickleRefused as exc:
             exc.seen = (*exc.seen, *(name for done in self.read for name in done.dangerous))
             raise

@@ -43,6 +43,7 @@ from ..tree import (
     GlobalRef,
     KeyPath,
     ObjectRecord,
+    RecordKind,
     format_path,
     is_tensor,
     rebuild_dict,
@@ -347,7 +348,7 @@ def record_dict(record: ObjectRecord) -> dict[str, Any]:
     with an attribute.
     """
     out: dict[str, Any] = {"__class__": record.name}
-    if record.kind == "call":
+    if record.kind is RecordKind.CALL:
         out = {"__call__": record.name}
     parts = {"__args__": list(record.args), "__kwargs__": record.kwargs,
              "__items__": record.items, "__list__": record.listitems}

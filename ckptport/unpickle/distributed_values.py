@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ..dtypes import DType
 from ..sealed import sealed
 from ..tensors import TensorInfo
-from ..tree import ObjectRecord
+from ..tree import ObjectRecord, RecordKind
 from .torch_values import _from_type
 from .values import (
     Allowed,
@@ -116,7 +116,7 @@ class DataRecord(Recorded):
         if kwargs or not all(_plain(a) for a in args):
             raise Refusal(f"{cls.record_name} takes plain values")
         self = object.__new__(cls)
-        ObjectRecord.__init__(self, cls.record_name, "instance", args, {})
+        ObjectRecord.__init__(self, cls.record_name, RecordKind.INSTANCE, args, {})
         self.called, self.order = True, -1
         return self
 
@@ -259,7 +259,7 @@ def _value(shell: _Shell, layout: ShardLayout) -> Any:
              "world_size": layout.world, "rank": layout.rank,
              "local_shards": [{"offsets": list(p.offsets), "tensor": p.tensor}
                               for p in layout.pieces]}
-    return ShardRecord(shell.kind, "instance", (), {}, state, {}, [], layout)
+    return ShardRecord(shell.kind, RecordKind.INSTANCE, (), {}, state, {}, [], layout)
 
 
 def _record(value: Any, name: str, what: str) -> DataRecord:

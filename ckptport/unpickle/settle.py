@@ -29,7 +29,15 @@ from typing import Any
 
 from ..dtypes import DType
 from ..tensors import Pending, TensorInfo
-from ..tree import Backref, GlobalRef, ObjectRecord, children, format_path, is_tensor
+from ..tree import (
+    Backref,
+    GlobalRef,
+    ObjectRecord,
+    RecordKind,
+    children,
+    format_path,
+    is_tensor,
+)
 from . import names
 from .numpy_values import NumpyValue, finalize
 from .values import (
@@ -100,7 +108,7 @@ def _verdicts(registry: list[Recorded], settled: dict[int, int]
             refused.add(record.name)
     for record in registry:
         if record.called and record.name in refused:
-            record.kind = "call"
+            record.kind = RecordKind.CALL
     calls = [name for name in unproven if name in refused and name not in names.RECOGNIZED_CALLS]
     return tuple(unproven), tuple(calls)
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from ..dtypes import DType
 from ..sealed import sealed
 from ..tensors import StorageInfo
-from ..tree import ObjectRecord
+from ..tree import ObjectRecord, RecordKind
 
 __all__ = ["Size", "Device", "Marker", "Allowed", "StorageRef", "Unsupported",
            "DefaultDict", "Namespace", "Refusal", "Recorded", "record_class", "BytesRecord"]
@@ -154,8 +154,8 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
     def __new__(cls, *args: Any, **kwargs: Any) -> Recorded:
         self = object.__new__(cls)
         # the fields ObjectRecord's __init__ would set, set directly: files hold millions
-        self.__dict__.update(name=cls.record_name, kind="instance", args=args, kwargs=kwargs,
-                             state=None, items={}, listitems=[], called=False,
+        self.__dict__.update(name=cls.record_name, kind=RecordKind.INSTANCE, args=args,
+                             kwargs=kwargs, state=None, items={}, listitems=[], called=False,
                              order=next(_ORDER))
         cls.registry.append(self)
         return self
@@ -206,7 +206,7 @@ class BytesRecord(Recorded):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> BytesRecord:
         self = object.__new__(cls)
-        ObjectRecord.__init__(self, cls.record_name, "instance", args, dict(kwargs))
+        ObjectRecord.__init__(self, cls.record_name, RecordKind.INSTANCE, args, dict(kwargs))
         self.called, self.order = True, -1
         return self
 

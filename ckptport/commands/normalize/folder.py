@@ -49,6 +49,7 @@ from ...progress import Progress, no_progress
 from ...readers.discover import Found, discover, inside
 from ...rules import NormalizeOptions
 from ...sources import sha256_files
+from ...tree import TextEnum
 from ...writers.formats import FORMATS, Kind, OutputFormat, by_extension
 from ...writers.plan import file_extension
 
@@ -82,11 +83,20 @@ class FolderOptions:
                           sort_keys=True)
 
 
+class Status(TextEnum):
+    """What became of one checkpoint of the folder."""
+
+    CONVERTED = "converted"
+    SKIPPED = "skipped"  # done before, from the same bytes and options
+    FAILED = "failed"
+    PLANNED = "planned"  # a dry run
+
+
 @dataclass(frozen=True)
 class FileOutcome:
     source: str  # relative to SRC_DIR
     output: str  # relative to DST_DIR
-    status: str  # converted | skipped (done before) | failed | planned (dry run)
+    status: Status
     reason: str = ""
     bytes_in: int = 0
     bytes_out: int = 0
@@ -105,19 +115,19 @@ class FolderReport:
     exit_code: int = field(init=False)
 
     def __post_init__(self) -> None:
-        counts = dict.fromkeys(("converted", "skipped", "failed", "planned"), 0)
+        counts = {status.value: 0 for status in Status}
         for outcome in self.files:
-            counts[outcome.status] += 1
+            counts[outcome.status.value] += 1
         object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "exit_code", EXIT_FINDINGS if counts["failed"] else EXIT_OK)
 
     @property
     def bytes_in(self) -> int:
-        return sum(f.bytes_in for f in self.files if f.status == "converted")
+        return sum(f.bytes_in for f in self.files if f.status is Status.CONVERTED)
 
     @property
     def bytes_out(self) -> int:
-        return sum(f.bytes_out for f in self.files if f.status == "converted")
+        return sum(f.bytes_out for f in self.files if f.status is Status.CONVERTED)
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
             continue
         output = _output_name(item, src, fmt)
         if output in taken:
-            failed.append(FileOutcome(source, output, "failed",
+            failed.append(FileOutcome(source, output, Status.FAILED,
                                       f"its output {output} is also {taken[output]}'s; rename "
                                       "one of them"))
             continue
@@ -267,20 +277,20 @@ def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict
                                 jobs=1, hash_source=True, metadata=settings.metadata,
                                 max_expansion=settings.max_expansion)
     except CkptportError as exc:
-        return {"outcome": FileOutcome(task.source, task.output, "failed",
+        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
                                        " ".join(exc.message.split()), task.size)}
     except OSError as exc:
-        return {"outcome": FileOutcome(task.source, task.output, "failed",
+        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
                                        f"cannot write: {exc.strerror or exc}", task.size)}
     except Exception as exc:  # a bug: reported for this file; the others go on
-        return {"outcome": FileOutcome(task.source, task.output, "failed",
+        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
                                        f"internal error: {type(exc).__name__}: {exc}",
                                        task.size)}
     out_size, out_mtime = _stat((out,))
     entry = {"source": task.source, "output": task.output, "options": settings.key(),
              "sha256": report.source_sha256, "size": before[0], "mtime_ns": before[1],
              "out_size": out_size, "out_mtime_ns": out_mtime}
-    outcome = FileOutcome(task.source, task.output, "converted", "", task.size, out_size,
+    outcome = FileOutcome(task.source, task.output, Status.CONVERTED, "", task.size, out_size,
                           time.monotonic() - start)
     return {"outcome": outcome, "entry": entry}
 
@@ -305,14 +315,14 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     start = time.monotonic()
     tasks, outcomes, others = plan_folder(src_dir, dst_dir, settings)
     if settings.dry_run:
-        outcomes += [FileOutcome(t.source, t.output, "planned", "", t.size) for t in tasks]
+        outcomes += [FileOutcome(t.source, t.output, Status.PLANNED, "", t.size) for t in tasks]
         return _report(src_dir, dst_dir, outcomes, others, start, settings)
     journal = {} if settings.overwrite else _read_journals(dst_dir)
     key = settings.key()
     todo = []
     for task in tasks:
         if _done_before(task, dst_dir, journal.get(task.output), key):
-            outcomes.append(FileOutcome(task.source, task.output, "skipped",
+            outcomes.append(FileOutcome(task.source, task.output, Status.SKIPPED,
                                         "converted before from the same bytes and options",
                                         task.size))
         else:
@@ -329,7 +339,7 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
             files_bar(1)
             bytes_bar(outcome.bytes_in)
     except KeyboardInterrupt:
-        finished = sum(1 for o in outcomes if o.status == "converted")
+        finished = sum(1 for o in outcomes if o.status is Status.CONVERTED)
         raise KeyboardInterrupt(f"interrupted; {finished} files converted and kept "
                                 "(journalled); nothing else was written; run again to "
                                 "resume") from None
