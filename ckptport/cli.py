@@ -47,6 +47,9 @@ def _on_sigterm(signum: int, frame: Any) -> NoReturn:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        from .remote import meter
+
+        meter.reset()  # the bytes this command transfers, for its report
         debug = os.environ.get("CKPTPORT_DEBUG") == "1"
         with contextlib.suppress(ValueError):  # not in the main thread
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -100,6 +103,22 @@ def _progress(quiet: bool) -> Iterator[Progress]:
     finally:
         for bar in bars:
             bar.close()
+
+
+class _SourcePath(click.ParamType):
+    """A source: a local path, or a URL (hf://, s3://, http(s)://) kept whole, never
+    folded into a ``Path`` (which would turn ``https://`` into ``https:/``)."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        from .remote.urls import location
+
+        return location(value)
+
+
+SOURCE = _SourcePath()
 
 
 def _ema(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
@@ -192,7 +211,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=SOURCE)
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", type=click.Choice([t.value for t in Target]),
               help="Output format (default: from DST's extension).")
@@ -268,7 +287,7 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
 
 
 @cli.command("manifest")
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=SOURCE)
 @_normalize_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), metavar="FILE",
               help="Write the manifest to FILE (atomically) and report on stdout; without it "
@@ -303,8 +322,8 @@ def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, 
 
 
 @cli.command()
-@click.argument("a", type=click.Path(path_type=Path))
-@click.argument("b", type=click.Path(path_type=Path))
+@click.argument("a", type=SOURCE)
+@click.argument("b", type=SOURCE)
 @_normalize_options
 @click.option("--raw", is_flag=True, help="Compare as stored: no normalize rules on either side.")
 @click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -358,7 +377,7 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
 
 
 @cli.command("inspect")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=SOURCE)
 @click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
               help="Levels of the layout tree to list.")
 @click.option("--hash", "with_hash", is_flag=True,
@@ -381,7 +400,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 
 
 @cli.command("check")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=SOURCE)
 @click.option("--codes", "codes", multiple=True, callback=_codes, metavar="CODES",
               help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP003).")
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
@@ -393,7 +412,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
                    "--finite=all checks every tensor.")
 @click.option("--require-format", multiple=True, type=click.Choice(Format.names()),
               help="Fail files in any other container format. Repeatable.")
-@click.option("--against", type=click.Path(path_type=Path), metavar="REF",
+@click.option("--against", type=SOURCE, metavar="REF",
               help="Fail where the weights differ from the reference checkpoint REF (both "
                    "normalized with --select, --ema, --strip-prefix, --keep-prefixes, --dtype).")
 @click.option("--against-manifest", type=click.Path(path_type=Path), metavar="FILE",

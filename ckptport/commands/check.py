@@ -34,6 +34,7 @@ from ..errors import (
     InputError,
 )
 from ..progress import Progress, no_progress
+from ..remote.urls import location as source_location
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..unpickle import allowed_names
@@ -360,14 +361,14 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
                  if (c in picked if picked else code.wanted(settings)) and c not in left_out)
 
 
-def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Skipped]]:
+def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
     from .discover import discover
 
-    found: list[Path] = []
+    found: list[Any] = []  # Path, or RemotePath
     skipped: list[Skipped] = []
     for raw in paths:
-        path = Path(raw)
+        path = source_location(raw)  # a URL stays whole (never a folder to search)
         if not path.is_dir():
             found.append(path)
             continue

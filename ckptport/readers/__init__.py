@@ -33,7 +33,7 @@ from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "HF_WEIGHTS"]
+           "HF_WEIGHTS", "check_named"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -42,7 +42,12 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     """What ``path`` names, decided once and opened."""
     from ..containers.shard_index import find_index, parse_index
     from ..containers.sniff import sniff
+    from ..remote.urls import is_remote
 
+    if is_remote(path):  # a URL: the remote package decides what it names and opens it
+        from ..remote import location, resolve_remote
+
+        return resolve_remote(location(path))  # type: ignore[arg-type]
     given = Path(path)
     target = given
     if given.is_dir():
@@ -56,12 +61,17 @@ def resolve(path: str | os.PathLike[str]) -> Source:
                       parsed.format, index=parsed)
     file = open_source(target)
     fmt = sniff(file)
+    check_named(target, fmt)
+    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
+
+
+def check_named(target: Path, fmt: Format | None) -> None:
+    """Refuse a file whose name makes loaders pick another reader than its bytes need."""
     if target.name.lower().endswith(".safetensors") and fmt is not Format.SAFETENSORS:
         raise InputError(f"is named .safetensors but is {'a ' + fmt if fmt else 'not'} a "
                          "safetensors file: torch.load reads *.safetensors with the "
                          "safetensors library, which cannot read it, so readers would "
                          "disagree; rename it", target)
-    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
 
 
 def _hf_weights(folder: Path) -> Path:

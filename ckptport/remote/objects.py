@@ -1,0 +1,182 @@
+"""A remote object read like a local file: ``RemoteFile`` is a ``SourceFile``.
+
+Readers, rules, writers and reports see a ``SourceFile`` with ``read``,
+``read_into`` and ``size``, and cannot tell where the bytes come from.
+Underneath, a ``Backend`` (HTTP, the hub, S3) fetches byte ranges of one
+version of the object, pinned at its first request, and says whether the
+object is still that version. Every fetch is retried with backoff on
+transient faults (timeouts, dropped connections, 429, 5xx) a bounded
+number of times; everything else is an ``InputError`` naming the
+(redacted) URL at once.
+
+Small reads (zip local headers, the safetensors length prefix) read a
+little ahead and keep that block per thread, so walking a zip's members
+costs one request per member instead of two.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from ..errors import InputError
+from ..sources import SourceFile
+
+if TYPE_CHECKING:
+    from .urls import RemotePath
+
+__all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "open_remote",
+           "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
+
+ATTEMPTS = int(os.environ.get("CKPTPORT_REMOTE_ATTEMPTS", "5"))  # per range, first try included
+BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
+MAX_BACKOFF = 8.0
+READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
+
+T = TypeVar("T")
+
+
+class Transient(Exception):
+    """A fault worth retrying: a timeout, a dropped connection, 429, 5xx."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait  # the server's Retry-After, when it gave one
+
+
+class NotFound(InputError):
+    """The object does not exist (404, NoSuchKey): a hub repository root tries the next name."""
+
+
+def missing_extra(scheme: str) -> InputError:
+    return InputError(f"reading {scheme}:// sources needs the remote extra: "
+                      "pip install 'ckptport[remote]'")
+
+
+def retrying(fetch: Callable[[], T], where: RemotePath) -> T:
+    """``fetch()``, tried up to ``ATTEMPTS`` times while it fails transiently."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return fetch()
+        except Transient as exc:  # noqa: PERF203 - the retry loop is the point
+            if attempt == ATTEMPTS:
+                raise InputError(f"{exc} (gave up after {ATTEMPTS} attempts)", where) from None
+            delay = exc.wait if exc.wait is not None else BACKOFF * 2 ** (attempt - 1)
+            time.sleep(min(MAX_BACKOFF, delay) * (1 + random.random() / 4))
+    raise AssertionError("unreachable")
+
+
+class Backend(Protocol):
+    """One remote object at one pinned version."""
+
+    size: int
+    version: str  # the pinned ETag / version id / commit, compared by ``changed``
+
+    def fetch_into(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` from ``offset`` of the pinned version (retried; errors named)."""
+
+    def current_version(self) -> str | None:
+        """The version the server holds now (one small request); None when it is gone."""
+
+    def close(self) -> None: ...
+
+
+def open_remote(path: RemotePath) -> RemoteFile:
+    """Open ``path``: one request pins the object's version and size."""
+    scheme = path.url.scheme
+    backend: Backend
+    if scheme in ("http", "https"):
+        from .http import open_http
+
+        backend = open_http(path)
+    elif scheme == "hf":
+        from .hub import open_hub
+
+        backend = open_hub(path)
+    else:
+        from .s3 import open_s3
+
+        backend = open_s3(path)
+    return RemoteFile(path, backend)
+
+
+class RemoteFile(SourceFile):
+    """A remote object with ``SourceFile``'s interface (no descriptor; reads by range)."""
+
+    def __init__(self, path: RemotePath, backend: Backend) -> None:  # noqa: D107
+        self.path, self.fd, self.size = path, -1, backend.size  # type: ignore[assignment]
+        self.backend, self.version = backend, backend.version
+        self.snapshot = (0, 0, backend.size, hash(backend.version))
+        self._lock = threading.Lock()
+        self._mapped = None
+        self._ahead = threading.local()
+
+    def _bounds(self, offset: int, n: int) -> None:
+        if offset < 0 or offset + n > self.size:
+            raise InputError(f"ends at byte {self.size} although {offset + n} bytes were "
+                             "expected (truncated)", self.path)
+
+    def read(self, offset: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        self._bounds(offset, n)
+        if n < READ_AHEAD:
+            start, block = getattr(self._ahead, "block", (0, b""))
+            if not start <= offset or offset + n > start + len(block):
+                end = min(self.size, offset + READ_AHEAD)
+                block = self._fetch(offset, end - offset)
+                start = offset
+                self._ahead.block = (start, block)
+            return block[offset - start:offset - start + n]
+        return self._fetch(offset, n)
+
+    def _fetch(self, offset: int, n: int) -> bytes:
+        buffer = bytearray(n)
+        self.backend.fetch_into(offset, memoryview(buffer))
+        return bytes(buffer)
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        if len(buffer):
+            self._bounds(offset, len(buffer))
+            self.backend.fetch_into(offset, buffer)
+
+    def changed(self) -> bool:
+        return self.backend.current_version() != self.version
+
+    def torch_storage(self) -> object:
+        """The whole object, downloaded once into memory (``ckptport.read`` only)."""
+        with self._lock:
+            if self._mapped is None:
+                import torch
+
+                data = bytearray(self.size)
+                self.read_into(0, memoryview(data))
+                self._mapped = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() \
+                    if data else torch.UntypedStorage(0)
+            return self._mapped
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class RemoteStream(io.RawIOBase):
+    """The object as a read-only binary stream (hashing the source reads it in order)."""
+
+    def __init__(self, file: RemoteFile) -> None:
+        super().__init__()
+        self.file, self.position = file, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self.file.size - self.position))
+        self.file.read_into(self.position, view[:n])
+        self.position += n
+        return n
