@@ -89,7 +89,12 @@ class HttpObject:
             if not match or match.group(3) == "*" or match.group(1) != "0":
                 raise InputError("the server answered a range request with Content-Range "
                                  f"{response.getheader('Content-Range')!r}", self.path)
-            body = response.read()
+            try:
+                body = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                raise Transient("the answer ended early (truncated, or the connection broke: "
+                                f"{type(exc).__name__})") from None
             meter.add(len(body), requests=0)
             return int(match.group(3)), response.getheader("ETag"), where
         finally:
@@ -151,8 +156,8 @@ class HttpObject:
         except (OSError, http.client.HTTPException) as exc:
             meter.add(done, requests=0)
             self._drop()
-            raise Transient(f"the connection broke after {done} of {len(buffer)} bytes "
-                            f"({type(exc).__name__})") from None
+            raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated, "
+                            f"or the connection broke: {type(exc).__name__})") from None
         meter.add(done, requests=0)
         if done < len(buffer):
             self._drop()
