@@ -342,3 +342,38 @@ def test_start_up_imports_no_network_client():
 def test_meter_counts_only_remote_use():
     meter.reset()
     assert meter.transferred() is None
+
+
+def test_spool_holds_each_fetched_byte_once():
+    """The spool's bookkeeping against a plain list of flags, over random ranges."""
+    import random
+
+    from ckptport.remote.objects import Spool
+
+    rng = random.Random(1)
+    data = rng.randbytes(5000)
+    spool, held = Spool(), [False] * len(data)
+    for _ in range(300):
+        start = rng.randrange(len(data))
+        stop = rng.randrange(start, min(len(data), start + 400) + 1)
+        gaps = spool.missing(start, stop)
+        assert [i for g in gaps for i in range(*g)] == [i for i in range(start, stop)
+                                                        if not held[i]]
+        for a, b in gaps:
+            spool.keep(a, memoryview(data[a:b]))
+            held[a:b] = [True] * (b - a)
+        back = bytearray(stop - start)
+        spool.read_into(start, memoryview(back))
+        assert bytes(back) == data[start:stop]
+    spool.close()
+
+
+def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
+    """Reading, hashing the source and verifying read the spool, not the network again."""
+    server.reset()
+    result = run("normalize", server.url + "/model.pth", tmp_path / "o.safetensors", "-q",
+                 "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    # (the hashing thread and the reader may both fetch a range neither holds yet)
+    assert server.stats.bytes_sent <= 1.1 * local["pth"].stat().st_size
+    assert _json(result)["transferred"]["bytes"] == server.stats.bytes_sent

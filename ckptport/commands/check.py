@@ -369,7 +369,7 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Sk
     skipped: list[Skipped] = []
     for raw in paths:
         path = source_location(raw)  # a URL stays whole (never a folder to search)
-        if not path.is_dir():
+        if not isinstance(path, Path) or not path.is_dir():
             found.append(path)
             continue
         try:

@@ -15,7 +15,8 @@ boto3 load when a URL is opened.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from ..errors import InputError
 from .urls import RemotePath, RemoteURL, is_remote, location, parse_url, redact
@@ -36,16 +37,18 @@ def resolve_remote(path: RemotePath) -> Source:
     from ..readers import check_named
     from ..readers.base import Source, SourceKind
 
-    target = _weights(path)
+    remote = _weights(path)
+    # a RemotePath stands where a Path does: path-like, it prints its (redacted) URL
+    target = cast(Path, remote)
     if target.name.endswith(".index.json"):
-        index = target.opened()
-        parsed = parse_index(target, data=index.read(0, _index_size(index)))  # type: ignore[arg-type]
-        return Source(target, SourceKind.SHARDS, target, (target, *parsed.shards),  # type: ignore[arg-type]
+        index = remote.opened()
+        parsed = parse_index(target, data=index.read(0, _index_size(index)))
+        return Source(target, SourceKind.SHARDS, target, (target, *parsed.shards),
                       parsed.format, index=parsed)
-    file = target.opened()
+    file = remote.opened()
     fmt = sniff(file)
-    check_named(target, fmt)  # type: ignore[arg-type]
-    return Source(target, SourceKind.FILE, target, (target,), fmt, file)  # type: ignore[arg-type]
+    check_named(target, fmt)
+    return Source(target, SourceKind.FILE, target, (target,), fmt, file)
 
 
 def _index_size(file: object) -> int:

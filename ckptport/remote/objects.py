@@ -12,13 +12,22 @@ number of times; everything else is an ``InputError`` naming the
 Small reads (zip local headers, the safetensors length prefix) read a
 little ahead and keep that block per thread, so walking a zip's members
 costs one request per member instead of two.
+
+Bytes fetched once are kept in a spool (an unlinked temporary file), so a
+command that reads them again — ``normalize`` hashes its source and
+verifies the output against it — transfers each byte once. The spool is
+used when the temporary folder has room for the whole object and 1 GiB
+more, and never with ``CKPTPORT_REMOTE_SPOOL=0``.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +46,7 @@ ATTEMPTS = int(os.environ.get("CKPTPORT_REMOTE_ATTEMPTS", "5"))  # per range, fi
 BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
 MAX_BACKOFF = 8.0
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
+SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 
 T = TypeVar("T")
 
@@ -115,6 +125,7 @@ class RemoteFile(SourceFile):
         self._lock = threading.Lock()
         self._mapped = None
         self._ahead = threading.local()
+        self.spool = Spool.for_size(backend.size)
 
     def _bounds(self, offset: int, n: int) -> None:
         if offset < 0 or offset + n > self.size:
@@ -137,13 +148,30 @@ class RemoteFile(SourceFile):
 
     def _fetch(self, offset: int, n: int) -> bytes:
         buffer = bytearray(n)
-        self.backend.fetch_into(offset, memoryview(buffer))
+        self._fill(offset, memoryview(buffer))
         return bytes(buffer)
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         if len(buffer):
             self._bounds(offset, len(buffer))
+            self._fill(offset, buffer)
+
+    def _fill(self, offset: int, buffer: memoryview) -> None:
+        """Fetch what the spool lacks (and keep it), read the rest from the spool."""
+        if self.spool is None:
             self.backend.fetch_into(offset, buffer)
+            return
+        end = offset + len(buffer)
+        position = offset
+        for start, stop in self.spool.missing(offset, end):
+            if position < start:
+                self.spool.read_into(position, buffer[position - offset:start - offset])
+            piece = buffer[start - offset:stop - offset]
+            self.backend.fetch_into(start, piece)
+            self.spool.keep(start, piece)
+            position = stop
+        if position < end:
+            self.spool.read_into(position, buffer[position - offset:])
 
     def changed(self) -> bool:
         return self.backend.current_version() != self.version
@@ -162,6 +190,74 @@ class RemoteFile(SourceFile):
 
     def close(self) -> None:
         self.backend.close()
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+class Spool:
+    """Byte ranges of one object already fetched, in an unlinked temporary file."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
+        self.fd = self.file.fileno()
+        self._lock = threading.Lock()
+        self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
+        self._stops: list[int] = []
+
+    @classmethod
+    def for_size(cls, size: int) -> Spool | None:
+        if os.environ.get("CKPTPORT_REMOTE_SPOOL") == "0":
+            return None
+        try:
+            free = shutil.disk_usage(tempfile.gettempdir()).free
+        except OSError:
+            return None
+        return cls() if free > size + SPOOL_HEADROOM else None
+
+    def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, stop)`` not held, in order."""
+        gaps = []
+        with self._lock:
+            i = max(0, bisect.bisect_right(self._starts, start) - 1)
+            position = start
+            while position < stop and i < len(self._starts):
+                if self._stops[i] <= position:
+                    i += 1
+                    continue
+                if self._starts[i] >= stop:
+                    break
+                if self._starts[i] > position:
+                    gaps.append((position, self._starts[i]))
+                position = max(position, self._stops[i])
+                i += 1
+        if position < stop:
+            gaps.append((position, stop))
+        return gaps
+
+    def keep(self, start: int, data: memoryview) -> None:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], start + done)
+        with self._lock:
+            stop = start + len(data)
+            i = bisect.bisect_left(self._stops, start)  # first range that may touch
+            j = bisect.bisect_right(self._starts, stop)  # past the last that may touch
+            if i < j:
+                start, stop = min(start, self._starts[i]), max(stop, self._stops[j - 1])
+            self._starts[i:j] = [start]
+            self._stops[i:j] = [stop]
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        done = 0
+        while done < len(buffer):
+            n = os.preadv(self.fd, [buffer[done:]], offset + done)
+            if n <= 0:
+                raise OSError("the spool file ended early")
+            done += n
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class RemoteStream(io.RawIOBase):
