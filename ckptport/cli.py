@@ -105,9 +105,10 @@ def _progress(quiet: bool) -> Iterator[Progress]:
             bar.close()
 
 
-class _SourcePath(click.ParamType):
-    """A source: a local path, or a URL (hf://, s3://, http(s)://) kept whole, never
-    folded into a ``Path`` (which would turn ``https://`` into ``https:/``)."""
+class _Location(click.ParamType):
+    """A local path, or a URL (hf://, s3://, http(s)://) kept whole, never folded into a
+    ``Path`` (which would turn ``https://`` into ``https:/``): sources may be remote, and
+    a URL given as DST is refused by name."""
 
     name = "path"
 
@@ -118,7 +119,7 @@ class _SourcePath(click.ParamType):
         return location(value)
 
 
-SOURCE = _SourcePath()
+LOCATION = _Location()
 
 
 def _ema(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
@@ -211,8 +212,8 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("src", type=SOURCE)
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("src", type=LOCATION)
+@click.argument("dst", type=LOCATION)
 @click.option("--to", type=click.Choice([t.value for t in Target]),
               help="Output format (default: from DST's extension).")
 @_normalize_options
@@ -287,7 +288,7 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
 
 
 @cli.command("manifest")
-@click.argument("src", type=SOURCE)
+@click.argument("src", type=LOCATION)
 @_normalize_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), metavar="FILE",
               help="Write the manifest to FILE (atomically) and report on stdout; without it "
@@ -322,8 +323,8 @@ def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, 
 
 
 @cli.command()
-@click.argument("a", type=SOURCE)
-@click.argument("b", type=SOURCE)
+@click.argument("a", type=LOCATION)
+@click.argument("b", type=LOCATION)
 @_normalize_options
 @click.option("--raw", is_flag=True, help="Compare as stored: no normalize rules on either side.")
 @click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -377,7 +378,7 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
 
 
 @cli.command("inspect")
-@click.argument("path", type=SOURCE)
+@click.argument("path", type=LOCATION)
 @click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
               help="Levels of the layout tree to list.")
 @click.option("--hash", "with_hash", is_flag=True,
@@ -400,7 +401,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 
 
 @cli.command("check")
-@click.argument("paths", nargs=-1, required=True, type=SOURCE)
+@click.argument("paths", nargs=-1, required=True, type=LOCATION)
 @click.option("--codes", "codes", multiple=True, callback=_codes, metavar="CODES",
               help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP003).")
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
@@ -412,7 +413,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
                    "--finite=all checks every tensor.")
 @click.option("--require-format", multiple=True, type=click.Choice(Format.names()),
               help="Fail files in any other container format. Repeatable.")
-@click.option("--against", type=SOURCE, metavar="REF",
+@click.option("--against", type=LOCATION, metavar="REF",
               help="Fail where the weights differ from the reference checkpoint REF (both "
                    "normalized with --select, --ema, --strip-prefix, --keep-prefixes, --dtype).")
 @click.option("--against-manifest", type=click.Path(path_type=Path), metavar="FILE",

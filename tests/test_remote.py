@@ -377,3 +377,36 @@ def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
     # (the hashing thread and the reader may both fetch a range neither holds yet)
     assert server.stats.bytes_sent <= 1.1 * local["pth"].stat().st_size
     assert _json(result)["transferred"]["bytes"] == server.stats.bytes_sent
+
+
+def test_dst_is_local(server, run, tmp_path):
+    result = run("normalize", server.url + "/model.pth", "s3://bucket/out.safetensors")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "s3://bucket/out.safetensors: is a URL; DST is written locally" in result.stderr
+    assert not Path("s3:").exists()
+
+
+def test_python_api_reads_remote(server, local):
+    import ckptport
+
+    remote = ckptport.read(server.url + "/model.safetensors").tree
+    here = ckptport.read(local["safetensors"]).tree
+    assert set(remote) == set(here)
+    assert all(torch.equal(remote[k], here[k]) for k in here)
+    shown = ckptport.inspect(server.url + "/model.pth", with_hash=True)
+    assert shown.sha256 == ckptport.inspect(local["pth"], with_hash=True).sha256
+
+
+def test_ci_recipe_gates_a_hub_artifact_against_a_manifest(hub, local, run, tmp_path):
+    """docs/remote.md's recipe: the manifest made locally, the gate run on the hub copy."""
+    committed = tmp_path / "model.manifest.json"
+    assert run("manifest", local["shards"], "-o", committed).exit_code == 0
+    gate = ("check", f"hf://{REPO}@main", "--against-manifest", committed,
+            "--require-format", "safetensors-shards", "--format", "github")
+    passed = run(*gate)
+    assert passed.exit_code == 0, passed.stdout + passed.stderr
+    other = tmp_path / "other.safetensors"  # another release's weights, same names and shapes
+    save_file(_state(1), other)
+    assert run("manifest", other, "-o", committed, "--overwrite").exit_code == 0
+    failed = run(*gate)
+    assert failed.exit_code == 1 and "CKP010" in failed.stdout

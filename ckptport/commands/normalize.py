@@ -30,6 +30,7 @@ from ..checkpoint import SourceFacts
 from ..errors import InputError, OutputError
 from ..progress import Progress, no_progress
 from ..readers import Source, open_checkpoint, resolve
+from ..remote.urls import is_remote, location
 from ..rules import NormalizeOptions, RuleResult, apply_rules
 from ..tree import KEY_RULES, KEY_SOURCE_SHA256
 from ..writers import WriteOptions, WriteResult, write_to
@@ -121,6 +122,9 @@ def normalize_file(
     bytes as they are written; ``jobs`` threads verify (default: every core);
     ``hash_source`` computes the source's sha256 whatever the output (folder mode
     records it to resume)."""
+    if is_remote(os.fspath(dst)):
+        raise OutputError("is a URL; DST is written locally (upload it with your own tools)",
+                          location(dst))
     destination = plan_destination(dst, to, max_shard_size)
     source = src if isinstance(src, Source) else resolve(src)
     check_destination(source.files, destination, overwrite)
