@@ -214,7 +214,7 @@ def test_hub_without_token_is_one_line(hub, run, monkeypatch):
 
 
 @pytest.mark.parametrize(("fault", "count", "message"), [
-    ("error_500", 1, None), ("error_429", 1, None), ("drop", 1, None),
+    ("error_500", 1, None), ("error_429", 1, None), ("drop", 1, None), ("stall", 1, None),
     ("error_500", -1, "HTTP 500"), ("ignore_range", -1, "ignores Range"),
     ("wrong_range", -1, "Content-Range"), ("short_body", -1, "truncated"),
     ("lie_size", -1, "the server sent Content-Range"),
@@ -222,6 +222,7 @@ def test_hub_without_token_is_one_line(hub, run, monkeypatch):
 def test_http_faults(server, run, tmp_path, monkeypatch, fault, count, message):
     """Transient faults are retried to success; persistent ones are one line, exit 2."""
     monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    monkeypatch.setattr("ckptport.remote.http.TIMEOUT", 0.5)  # a stalled answer times out
     server.reset()
     server.faults[fault] = count
     out = tmp_path / "out.safetensors"

@@ -108,9 +108,9 @@ class HttpObject:
     def _range(self, offset: int, buffer: memoryview) -> None:
         end = offset + len(buffer) - 1
         headers = {"Range": f"bytes={offset}-{end}"}
-        if self.etag:
+        if self.etag and not self.etag.startswith("W/"):  # If-Match compares strong ETags
             headers["If-Match"] = self.etag
-        response, where = self._request(self.location, headers, pinned=True)
+        response, _ = self._request(self.location, headers)
         try:
             status = response.status
             if status in (401, 403) and self.location != self.target:
@@ -172,7 +172,7 @@ class HttpObject:
 
     # -- one request, redirects followed
 
-    def _request(self, url: str, headers: Mapping[str, str], pinned: bool = False
+    def _request(self, url: str, headers: Mapping[str, str]
                  ) -> tuple[http.client.HTTPResponse, str]:
         for _ in range(MAX_REDIRECTS + 1):
             parts = urlsplit(url)
