@@ -375,8 +375,8 @@ def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
     result = run("normalize", server.url + "/model.pth", tmp_path / "o.safetensors", "-q",
                  "--format", "json")
     assert result.exit_code == 0, result.stderr
-    # (the hashing thread and the reader may both fetch a range neither holds yet)
-    assert server.stats.bytes_sent <= 1.1 * local["pth"].stat().st_size
+    # (the hashing thread waits for a range the reader is fetching, and the other way round)
+    assert server.stats.bytes_sent <= local["pth"].stat().st_size + (64 << 10)
     assert _json(result)["transferred"]["bytes"] == server.stats.bytes_sent
 
 

@@ -162,16 +162,19 @@ class RemoteFile(SourceFile):
             self.backend.fetch_into(offset, buffer)
             return
         end = offset + len(buffer)
+        gaps = self.spool.claim(offset, end)
+        try:
+            for start, stop in gaps:
+                piece = buffer[start - offset:stop - offset]
+                self.backend.fetch_into(start, piece)
+                self.spool.keep(start, piece)
+        finally:
+            self.spool.release(gaps)
         position = offset
-        for start, stop in self.spool.missing(offset, end):
+        for start, stop in [*gaps, (end, end)]:
             if position < start:
                 self.spool.read_into(position, buffer[position - offset:start - offset])
-            piece = buffer[start - offset:stop - offset]
-            self.backend.fetch_into(start, piece)
-            self.spool.keep(start, piece)
             position = stop
-        if position < end:
-            self.spool.read_into(position, buffer[position - offset:])
 
     def changed(self) -> bool:
         return self.backend.current_version() != self.version
@@ -201,9 +204,10 @@ class Spool:
     def __init__(self) -> None:
         self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
         self.fd = self.file.fileno()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
         self._stops: list[int] = []
+        self._fetching: list[tuple[int, int]] = []  # ranges a thread is fetching now
 
     @classmethod
     def for_size(cls, size: int) -> Spool | None:
@@ -217,28 +221,52 @@ class Spool:
 
     def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The parts of ``[start, stop)`` not held, in order."""
-        gaps = []
         with self._lock:
-            i = max(0, bisect.bisect_right(self._starts, start) - 1)
-            position = start
-            while position < stop and i < len(self._starts):
-                if self._stops[i] <= position:
-                    i += 1
-                    continue
-                if self._starts[i] >= stop:
-                    break
-                if self._starts[i] > position:
-                    gaps.append((position, self._starts[i]))
-                position = max(position, self._stops[i])
+            return self._missing(start, stop)
+
+    def _missing(self, start: int, stop: int) -> list[tuple[int, int]]:
+        gaps = []
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        position = start
+        while position < stop and i < len(self._starts):
+            if self._stops[i] <= position:
                 i += 1
+                continue
+            if self._starts[i] >= stop:
+                break
+            if self._starts[i] > position:
+                gaps.append((position, self._starts[i]))
+            position = max(position, self._stops[i])
+            i += 1
         if position < stop:
             gaps.append((position, stop))
         return gaps
 
+    def claim(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, stop)`` this thread must fetch (then ``keep`` and
+        ``release``). Parts another thread is fetching are waited for, not fetched twice:
+        the source's hash and the tensor reads of ``normalize`` meet on the same bytes."""
+        with self._lock:
+            while True:
+                gaps = self._missing(start, stop)
+                if not any(a < y and x < b for a, b in gaps for x, y in self._fetching):
+                    self._fetching += gaps
+                    return gaps
+                self._lock.wait()
+
+    def release(self, gaps: list[tuple[int, int]]) -> None:
+        with self._lock:
+            for gap in gaps:
+                self._fetching.remove(gap)
+            self._lock.notify_all()
+
     def keep(self, start: int, data: memoryview) -> None:
         done = 0
-        while done < len(data):
-            done += os.pwrite(self.fd, data[done:], start + done)
+        try:
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], start + done)
+        except OSError:  # the disk filled up: these bytes are fetched again if read again
+            return
         with self._lock:
             stop = start + len(data)
             i = bisect.bisect_left(self._stops, start)  # first range that may touch
