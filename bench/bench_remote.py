@@ -6,7 +6,8 @@ most 1.2x the time of downloading the file whole in one stream from the
 same server (``curl -o``, or one Python GET where there is no curl). The
 server is ``fixtures.servers.ObjectServer`` in this process (a thread);
 each command runs as a fresh ``python -m ckptport`` process and reports
-the bytes it transferred in its JSON report. Run from the repository root:
+the bytes it transferred in its JSON report; the same command on the
+local file is timed next to it (what the network adds). Run from the repository root:
 
     python -m bench.bench_remote --size-gb 2
 
@@ -77,23 +78,25 @@ def main() -> None:
             url = f"{server.url}/{path.name}"
             size = path.stat().st_size
             whole = min(download(url, OUT / "download.bin") for _ in range(args.runs))
-            rows.append((path.name, "download (one stream)", whole, size, None))
+            rows.append((path.name, "download (one stream)", whole, None, size, None))
             for name, command in (
-                    ("inspect", ["inspect", url, "--format", "json"]),
-                    ("check", ["check", url, "--format", "json"]),
-                    ("manifest", ["manifest", url, "-o", str(OUT / "m.json"), "--overwrite",
+                    ("inspect", ["inspect", "{}", "--format", "json"]),
+                    ("check", ["check", "{}", "--format", "json"]),
+                    ("manifest", ["manifest", "{}", "-o", str(OUT / "m.json"), "--overwrite",
                                   "--format", "json", "-q"]),
-                    ("normalize .pth", ["normalize", url, str(OUT / "o.pth"), "--overwrite",
+                    ("normalize .pth", ["normalize", "{}", str(OUT / "o.pth"), "--overwrite",
                                         "--format", "json", "-q"]),
-                    ("normalize .safetensors", ["normalize", url, str(OUT / "o.safetensors"),
+                    ("normalize .safetensors", ["normalize", "{}", str(OUT / "o.safetensors"),
                                                 "--overwrite", "--format", "json", "-q"])):
-                results = [timed([*ckptport, *command]) for _ in range(args.runs)]
+                remote, here = ([a.format(where) for a in command] for where in (url, path))
+                results = [timed([*ckptport, *remote]) for _ in range(args.runs)]
                 seconds, report = min(results, key=lambda r: r[0])
+                local = min(timed([*ckptport, *here])[0] for _ in range(args.runs))
                 moved = report.get("transferred", {}).get("bytes")
-                rows.append((path.name, name, seconds, moved, whole))
-        print(f"{'file':18s} {'command':24s} {'seconds':>8s} {'x download':>10s} "
-              f"{'transferred':>14s}  target")
-        for file, name, seconds, moved, whole in rows:
+                rows.append((path.name, name, seconds, local, moved, whole))
+        print(f"{'file':16s} {'command':23s} {'remote s':>8s} {'local s':>8s} "
+              f"{'x download':>10s} {'transferred':>14s}  target")
+        for file, name, seconds, local, moved, whole in rows:
             ratio = "" if whole is None else f"{seconds / whole:10.2f}"
             if name in ("inspect", "check"):
                 target = "<= 1 MiB: " + ("ok" if moved is not None and moved <= MiB else "MISSED")
@@ -101,7 +104,8 @@ def main() -> None:
                 target = "<= 1.2x: " + ("ok" if seconds <= 1.2 * whole else "MISSED")
             else:
                 target = ""
-            print(f"{file:18s} {name:24s} {seconds:8.2f} {ratio:>10s} "
+            shown = "" if local is None else f"{local:8.2f}"
+            print(f"{file:16s} {name:23s} {seconds:8.2f} {shown:>8s} {ratio:>10s} "
                   f"{'' if moved is None else f'{moved:,}':>14s}  {target}")
     finally:
         server.close()

@@ -369,6 +369,17 @@ def test_spool_holds_each_fetched_byte_once():
     spool.close()
 
 
+def test_only_rereading_commands_spool(server):
+    from ckptport.readers import resolve
+    from ckptport.sources import read_more_than_once
+
+    assert resolve(server.url + "/model.pth").file.spool is None  # type: ignore[union-attr]
+    with read_more_than_once():
+        kept = resolve(server.url + "/shards/model.safetensors.index.json")
+    assert kept.index is not None
+    assert all(shard.opened().spool is not None for shard in kept.index.shards)
+
+
 def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
     """Reading, hashing the source and verifying read the spool, not the network again."""
     server.reset()

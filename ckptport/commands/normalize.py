@@ -32,6 +32,7 @@ from ..progress import Progress, no_progress
 from ..readers import Source, open_checkpoint, resolve
 from ..remote.urls import is_remote, location
 from ..rules import NormalizeOptions, RuleResult, apply_rules
+from ..sources import read_more_than_once
 from ..tree import KEY_RULES, KEY_SOURCE_SHA256
 from ..writers import WriteOptions, WriteResult, write_to
 from ..writers.plan import Target, check_destination, plan_destination, same_file
@@ -126,7 +127,8 @@ def normalize_file(
         raise OutputError("is a URL; DST is written locally (upload it with your own tools)",
                           location(dst))
     destination = plan_destination(dst, to, max_shard_size)
-    source = src if isinstance(src, Source) else resolve(src)
+    with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
+        source = src if isinstance(src, Source) else resolve(src)
     check_destination(source.files, destination, overwrite)
     if manifest is not None and any(same_file(Path(manifest), p)
                                     for p in (*source.files, destination.path)):

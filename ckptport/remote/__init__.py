@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from ..errors import InputError
-from .urls import RemotePath, RemoteURL, is_remote, location, parse_url, redact
+from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, location, parse_url, redact
 
 if TYPE_CHECKING:
     from ..readers.base import Source
@@ -36,7 +36,10 @@ def resolve_remote(path: RemotePath) -> Source:
     from ..containers.sniff import sniff
     from ..readers import check_named
     from ..readers.base import Source, SourceKind
+    from ..sources import rereads_expected
 
+    if rereads_expected():  # kept for this file and the shards next to it
+        path.pins[KEEP_FETCHED] = True
     remote = _weights(path)
     # a RemotePath stands where a Path does: path-like, it prints its (redacted) URL
     target = cast(Path, remote)

@@ -13,11 +13,13 @@ Small reads (zip local headers, the safetensors length prefix) read a
 little ahead and keep that block per thread, so walking a zip's members
 costs one request per member instead of two.
 
-Bytes fetched once are kept in a spool (an unlinked temporary file), so a
-command that reads them again — ``normalize`` hashes its source and
-verifies the output against it — transfers each byte once. The spool is
-used when the temporary folder has room for the whole object and 1 GiB
-more, and never with ``CKPTPORT_REMOTE_SPOOL=0``.
+A command that reads its source more than once (``normalize`` hashes its
+source and verifies the output against it; ``sources.read_more_than_once``)
+keeps the bytes it fetched in a spool (an unlinked temporary file), so each
+byte is transferred once. The spool is used when the temporary folder has
+room for the whole object and 1 GiB more, and never with
+``CKPTPORT_REMOTE_SPOOL=0``; commands that read each byte once (``manifest``,
+``diff``, ``check``) do not spool at all.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import InputError
 from ..sources import SourceFile
+from .urls import KEEP_FETCHED
 
 if TYPE_CHECKING:
     from .urls import RemotePath
@@ -125,7 +128,7 @@ class RemoteFile(SourceFile):
         self._lock = threading.Lock()
         self._mapped = None
         self._ahead = threading.local()
-        self.spool = Spool.for_size(backend.size)
+        self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
 
     def _bounds(self, offset: int, n: int) -> None:
         if offset < 0 or offset + n > self.size:

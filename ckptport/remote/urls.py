@@ -35,6 +35,7 @@ __all__ = ["RemoteURL", "RemotePath", "location", "is_remote", "parse_url", "red
 SCHEMES = ("http", "https", "hf", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HUB_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
+KEEP_FETCHED = "keep fetched bytes"  # in ``pins``: the command reads these objects again
 
 
 def is_remote(raw: object) -> bool:
