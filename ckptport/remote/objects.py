@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import InputError
@@ -50,6 +51,7 @@ BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
 MAX_BACKOFF = 8.0
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
 SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
+PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
 
 T = TypeVar("T")
 
@@ -129,6 +131,8 @@ class RemoteFile(SourceFile):
         self._mapped = None
         self._ahead = threading.local()
         self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
+        self._ahead_lock = threading.Lock()
+        self._ahead_pool: ThreadPoolExecutor | None = None
 
     def _bounds(self, offset: int, n: int) -> None:
         if offset < 0 or offset + n > self.size:
@@ -158,6 +162,34 @@ class RemoteFile(SourceFile):
         if len(buffer):
             self._bounds(offset, len(buffer))
             self._fill(offset, buffer)
+            self._prefetch(offset, len(buffer))
+
+    def _prefetch(self, offset: int, n: int) -> None:
+        """Fetch a sequential reader's next range while it works on this one (spool only:
+        the range lands there), so the network overlaps writing and hashing. A thread is
+        taken as reading sequentially once a read starts where its previous one ended."""
+        streaming = getattr(self._ahead, "end", None) == offset
+        self._ahead.end = start = offset + n
+        if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
+            return
+        with self._ahead_lock:
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="ckptport-ahead")
+            self._ahead_pool.submit(self._fetch_ahead, start, min(self.size, start + n))
+
+    def _fetch_ahead(self, start: int, stop: int) -> None:
+        spool = self.spool
+        gaps = [] if spool is None else spool.claim(start, stop, wait=False)
+        try:
+            for a, b in gaps:
+                piece = memoryview(bytearray(b - a))
+                self.backend.fetch_into(a, piece)
+                spool.keep(a, piece)  # type: ignore[union-attr]
+        except (InputError, OSError):
+            pass  # the reader fetches this range itself, and reports what goes wrong
+        finally:
+            if spool is not None:
+                spool.release(gaps)
 
     def _fill(self, offset: int, buffer: memoryview) -> None:
         """Fetch what the spool lacks (and keep it), read the rest from the spool."""
@@ -195,6 +227,9 @@ class RemoteFile(SourceFile):
             return self._mapped
 
     def close(self) -> None:
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True, cancel_futures=True)
+            self._ahead_pool = None
         self.backend.close()
         if self.spool is not None:
             self.spool.close()
@@ -245,16 +280,19 @@ class Spool:
             gaps.append((position, stop))
         return gaps
 
-    def claim(self, start: int, stop: int) -> list[tuple[int, int]]:
+    def claim(self, start: int, stop: int, wait: bool = True) -> list[tuple[int, int]]:
         """The parts of ``[start, stop)`` this thread must fetch (then ``keep`` and
         ``release``). Parts another thread is fetching are waited for, not fetched twice:
-        the source's hash and the tensor reads of ``normalize`` meet on the same bytes."""
+        the source's hash and the tensor reads of ``normalize`` meet on the same bytes.
+        Without ``wait`` (a prefetch), nothing is claimed while another fetch overlaps."""
         with self._lock:
             while True:
                 gaps = self._missing(start, stop)
                 if not any(a < y and x < b for a, b in gaps for x, y in self._fetching):
                     self._fetching += gaps
                     return gaps
+                if not wait:
+                    return []
                 self._lock.wait()
 
     def release(self, gaps: list[tuple[int, int]]) -> None:
