@@ -1,88 +1,96 @@
 """ckptport: make PyTorch checkpoints portable.
 
-``read`` a checkpoint without running code from it, ``normalize`` it with
-named rules, ``write`` a ``.pth`` or ``.safetensors`` that loads anywhere;
-``normalize_file`` does all three and verifies (it is what ``ckptport
-normalize`` runs; ``convert`` is its round-1 name). ``diff``, ``inspect``,
-``check`` and ``manifest`` are the other commands. Importing ckptport does
-not import torch; the first call that needs tensors as torch tensors does.
+``read`` a checkpoint without running code from it, ``normalize`` its tree
+with named rules, ``write`` a ``.pth`` or ``.safetensors`` that loads
+anywhere; ``normalize_file`` does all three and verifies (what ``ckptport
+normalize`` runs), ``normalize_folder`` does it for a folder of them.
+``diff``, ``inspect``, ``check`` and ``manifest`` are the other commands;
+``load_state_dict`` and ``load_into`` the one-liners for training code.
+Report and option types live in their modules (``ckptport.commands.diff``,
+``ckptport.rules``, …).
+
+Importing ckptport imports neither torch nor the commands: each name below
+is loaded when first used, so the CLI prints its first line at once.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .checkpoint import Checkpoint, Format, SourceFacts
-from .commands.check import CheckReport, Finding, check
-from .commands.diff import (
-    DiffReport,
-    DtypeMismatch,
-    LeafMismatch,
-    ShapeMismatch,
-    TensorDelta,
-    Tolerance,
-    diff,
-)
-from .commands.inspection import InspectReport, inspect
-from .commands.load import LoadResult, load_into, load_state_dict
-from .commands.normalize import ConvertReport, NormalizeReport, convert, normalize_file
 from .errors import (
     CkptportError,
-    CodeArchiveError,
     InputError,
+    OptionError,
     OutputError,
-    RuleError,
-    SelectionError,
     StateDictMismatchError,
     UnsafeCheckpointError,
     VerificationError,
 )
-from .readers import describe, materialize, open_checkpoint, read
-from .rules import Normalized, NormalizeOptions, RuleResult, apply_rules, normalize
-from .writers import Target, WriteResult, write
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
+    from .commands.check import check
+    from .commands.diff import diff
+    from .commands.folder import normalize_folder
+    from .commands.inspection import inspect
+    from .commands.load import load_into, load_state_dict
+    from .commands.manifest import manifest
+    from .commands.normalize import normalize_file
+    from .readers import read
+    from .rules import NormalizeOptions, normalize
+    from .writers import write
 
 __all__ = [
     "__version__",
-    "CheckReport",
     "Checkpoint",
     "CkptportError",
-    "CodeArchiveError",
-    "ConvertReport",
-    "DiffReport",
-    "DtypeMismatch",
-    "Finding",
-    "Format",
     "InputError",
-    "InspectReport",
-    "LoadResult",
-    "LeafMismatch",
     "NormalizeOptions",
-    "NormalizeReport",
-    "Normalized",
+    "OptionError",
     "OutputError",
-    "RuleError",
-    "RuleResult",
-    "SelectionError",
-    "ShapeMismatch",
-    "SourceFacts",
     "StateDictMismatchError",
-    "Target",
-    "TensorDelta",
-    "Tolerance",
     "UnsafeCheckpointError",
     "VerificationError",
-    "WriteResult",
-    "apply_rules",
     "check",
-    "convert",
-    "describe",
     "diff",
     "inspect",
     "load_into",
     "load_state_dict",
-    "materialize",
+    "manifest",
     "normalize",
     "normalize_file",
-    "open_checkpoint",
+    "normalize_folder",
     "read",
     "write",
 ]
+
+_LAZY = {
+    "Checkpoint": ".checkpoint",
+    "check": ".commands.check",
+    "diff": ".commands.diff",
+    "normalize_folder": ".commands.folder",
+    "inspect": ".commands.inspection",
+    "load_into": ".commands.load",
+    "load_state_dict": ".commands.load",
+    "manifest": ".commands.manifest",
+    "normalize_file": ".commands.normalize",
+    "read": ".readers",
+    "NormalizeOptions": ".rules",
+    "normalize": ".rules",
+    "write": ".writers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptport' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

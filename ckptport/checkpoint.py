@@ -94,6 +94,8 @@ class SourceFacts:
     spellings: Mapping[str, str] = field(default_factory=dict)
     unproven: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    materialized: int = 0  # bytes the pickled tensors hold once made real, views apart
+    largest: tuple[tuple[str, int], ...] = ()  # the biggest of them: (path, bytes)
 
     def __post_init__(self) -> None:
         if not self.files:  # a single-file source is its own content

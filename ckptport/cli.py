@@ -10,6 +10,7 @@ anything slow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError
 from .escape import printable
 from .progress import Progress, no_progress
 from .render import formats_for
-from .rules import CAST_CHOICES, EMA_MODES, NormalizeOptions
+from .rules import CAST_CHOICES, NormalizeOptions
 from .tree import paused_gc
 from .writers.plan import ANCHOR_PATTERN, Target
 
@@ -122,20 +123,33 @@ class _Location(click.ParamType):
 LOCATION = _Location()
 
 
-def _ema(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    return "off" if value is None else value
-
-
 def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that decide what a checkpoint normalizes to (shared by commands)."""
+    """The options that decide what a checkpoint normalizes to (shared by commands).
+
+    The command receives them as one ``options: NormalizeOptions`` and the read
+    budget as ``max_expansion``, so a new option is added here and in
+    ``NormalizeOptions`` only.
+    """
+
+    @functools.wraps(func)
+    def command(*args: Any, select: str, ema: str, strip_prefix: tuple[str, ...],
+                keep_prefixes: bool, dtype: str, subtree: str | None, keep: tuple[str, ...],
+                drop: tuple[str, ...], rename: tuple[tuple[str, str], ...],
+                map_file: Path | None, **kwargs: Any) -> Any:
+        options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
+                                   keep_prefixes=keep_prefixes, dtype=dtype, subtree=subtree,
+                                   keep=keep, drop=drop, rename=rename, recipe=map_file)
+        return func(*args, options=options, **kwargs)
+
     options = [
         click.option("--select", default="auto", show_default=True, metavar="auto|all|KEY[.KEY…]",
                      help="What to keep: the model weights (auto), everything (all), or a key "
                           "path (dict keys, list indexes, recorded objects' attributes)."),
-        click.option("--ema", type=click.Choice(EMA_MODES), is_flag=False, flag_value="require",
-                     default=None, callback=_ema, metavar="[=prefer]",
+        click.option("--ema", "ema", flag_value="require", default="off",
                      help="Take the EMA weights (timm, ultralytics, mmengine layouts); an error "
-                          "if there are none, unless --ema=prefer."),
+                          "if there are none."),
+        click.option("--prefer-ema", "ema", flag_value="prefer",
+                     help="Take the EMA weights when there are some, else the weights."),
         click.option("--strip-prefix", "strip_prefix", multiple=True, metavar="PREFIX",
                      help="Also strip this key prefix ('model' means 'model.'); 'auto' strips "
                           "the one every weight key shares. Repeatable."),
@@ -143,16 +157,28 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
         click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
                      show_default=True, help="Cast floating-point tensors."),
+        click.option("--subtree", metavar="PREFIX",
+                     help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
+                          "Runs after prefix stripping; then --keep/--drop, then --rename."),
+        click.option("--keep", multiple=True, metavar="GLOB",
+                     help="Keep only keys matching a shell-style GLOB ('layer*'). Repeatable."),
+        click.option("--drop", multiple=True, metavar="GLOB",
+                     help="Drop keys matching GLOB ('*.num_batches_tracked'), after --keep. "
+                          "Repeatable."),
+        click.option("--rename", multiple=True, nargs=2, metavar="PATTERN REPLACEMENT",
+                     help="re.sub(PATTERN, REPLACEMENT) on every key, groups allowed "
+                          "('^blocks\\.(\\d+)\\.' 'layers.\\1.'). Repeatable, in order; last."),
+        click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
+                     help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
+                          "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
+        click.option("--max-expansion", type=click.FloatRange(min=0, min_open=True),
+                     metavar="RATIO", help="Tensors may stand for at most RATIO times the "
+                     "file's bytes plus 64 MiB (default 2, or CKPTPORT_MAX_EXPANSION): stride-0 "
+                     "and overlapping views beyond that are refused."),
     ]
     for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _options(select: str, ema: str, strip_prefix: tuple[str, ...], keep_prefixes: bool,
-             dtype: str) -> NormalizeOptions:
-    return NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                            keep_prefixes=keep_prefixes, dtype=dtype)
+        command = option(command)
+    return command
 
 
 def _report_format(command: str) -> Callable[..., Any]:
@@ -186,13 +212,14 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
-    """A shard set, DCP or Hugging Face folder (one checkpoint), not a folder of them."""
+    """A shard set, DCP, Hugging Face, DeepSpeed or rank-files folder (one checkpoint), not
+    a folder of them."""
     from .containers.shard_index import find_index
-    from .readers import HF_WEIGHTS
+    from .readers import HF_WEIGHTS, is_rank_layout
     from .readers.dcp import is_dcp
 
     return is_dcp(path) or find_index(path) is not None or \
-        any((path / name).exists() for name in HF_WEIGHTS)
+        any((path / name).exists() for name in HF_WEIGHTS) or is_rank_layout(path)
 
 
 def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -239,15 +266,22 @@ def cli() -> None:
                    "machines share a folder with no coordination.")
 @click.option("--dry-run", is_flag=True,
               help="Folder mode: list what would be converted (part I/N) and stop.")
+@click.option("--metadata", type=click.Choice(["keep", "drop"]), default="keep",
+              show_default=True,
+              help="A safetensors source's own metadata (modelspec, ss_*, notes) in a "
+                   "safetensors DST: carried, or left out.")
+@click.option("--hash-name", is_flag=True,
+              help="Name the output STEM-<first 8 hex of its sha256>.EXT (what torch.hub's "
+                   "check_hash verifies) and print that name. One file only.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
-def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: str, ema: str,
-              strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, anchor: str,
+def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
+              options: NormalizeOptions, max_expansion: float | None, anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
-              part: tuple[int, int] | None, dry_run: bool, quiet: bool,
-              report_format: str) -> None:
+              part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
+              quiet: bool, report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
@@ -257,33 +291,42 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
     A folder SRC that is none of those is a folder of checkpoints: each is written to
     the same relative path under DST (with --to's extension, .pth by default) by
     --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
-    from .commands.normalize import normalize_file
     from .render import formatter
 
-    options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
     if src.is_dir() and not _is_checkpoint_folder(src):
-        if manifest_path is not None or max_shard_size is not None or dcp_key is not None:
+        if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
+                or hash_name:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size and --dcp-key apply to one SRC")
+                                   "--max-shard-size, --dcp-key and --hash-name apply to one "
+                                   "SRC")
         from .commands.folder import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:
             folder_report = normalize_folder(src, dst, FolderOptions(
                 options=options, to=to or "pth", anchor=anchor, overwrite=overwrite,
-                verify=verify, jobs=jobs, part=part, dry_run=dry_run), progress=progress)
+                verify=verify, jobs=jobs, part=part, dry_run=dry_run, metadata=metadata,
+                max_expansion=max_expansion), progress=progress)
         click.echo(formatter(report_format).folder(folder_report))
         ctx.exit(folder_report.exit_code)
     if part is not None or dry_run:
         raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
+    if hash_name and (max_shard_size is not None or to == "dcp" or dst.is_dir()
+                      or str(dst).endswith(os.sep)):
+        raise click.UsageError("--hash-name names one file by its sha256; a shard set or DCP "
+                               "folder has many")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
     with _progress(quiet) as progress:
-        progress(f"reading {src}", 0)
+        progress(f"reading {src}", 0)  # before the imports: torch costs a second
+        from .commands.normalize import normalize_file
+
         report = normalize_file(src, dst, options,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
-                                manifest=manifest_path, jobs=jobs, progress=progress)
+                                manifest=manifest_path, jobs=jobs, metadata=metadata,
+                                hash_name=hash_name, max_expansion=max_expansion,
+                                progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
 
@@ -299,8 +342,8 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None, select: 
 @_jobs_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("manifest")
-def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, ...],
-                     keep_prefixes: bool, dtype: str, output: Path | None, overwrite: bool,
+def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float | None,
+                     output: Path | None, overwrite: bool,
                      trust: bool, jobs: int | None, quiet: bool, report_format: str) -> None:
     """List the normalized weights of SRC with the sha256 of each tensor's canonical bytes
     and one weights digest: the same for the same weights in any container (.pth,
@@ -311,8 +354,8 @@ def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, 
 
     with _progress(quiet) as progress:
         progress(f"reading {src}", 0)
-        made = manifest(src, _options(select, ema, strip_prefix, keep_prefixes, dtype),
-                        jobs=jobs, trust=trust, progress=progress)
+        made = manifest(src, options, jobs=jobs, trust=trust, max_expansion=max_expansion,
+                        progress=progress)
     if output is None:
         click.echo(made.to_json(), nl=False)
         return
@@ -342,11 +385,15 @@ def manifest_command(src: Path, select: str, ema: str, strip_prefix: tuple[str, 
 @_report_format("diff")
 @click.option("--plot", type=click.Path(path_type=Path), metavar="PNG",
               help="Also draw per-tensor max relative error, in model order (needs matplotlib).")
+@click.option("--map-a", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to A only.")
+@click.option("--map-b", type=click.Path(path_type=Path), metavar="FILE",
+              help="Apply the key recipe FILE (as --map) to B only.")
 @click.pass_context
-def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
-         strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str, raw: bool, atol: float,
+def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
+         max_expansion: float | None, raw: bool, atol: float,
          rtol: float, cast: bool, trust: bool, limit: int, quiet: bool, report_format: str,
-         plot: Path | None) -> None:
+         plot: Path | None, map_a: Path | None, map_b: Path | None) -> None:
     """Compare checkpoints A and B (any formats, or a manifest), both normalized alike first.
 
     Equal by value: NaN equals NaN, -0.0 equals 0.0; exact unless --atol/--rtol.
@@ -356,10 +403,10 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
     from .commands.diff import diff as diff_checkpoints
     from .render import formatter
 
-    options = _options(select, ema, strip_prefix, keep_prefixes, dtype)
-    if raw and options != NormalizeOptions():
+    if raw and (options != NormalizeOptions() or map_a or map_b):
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
-                               "--select, --ema, --strip-prefix, --keep-prefixes or --dtype")
+                               "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
+                               "the key options")
     if trust:
         click.echo("ckptport: warning: --trust: both files are unpickled with full Python; "
                    "any code in them runs", err=True)
@@ -367,6 +414,7 @@ def diff(ctx: click.Context, a: Path, b: Path, select: str, ema: str,
         progress(f"reading {a} and {b}", 0)
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
                                   options=None if raw else options, raw=raw, trust=trust,
+                                  map_a=map_a, map_b=map_b, max_expansion=max_expansion,
                                   progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
@@ -407,10 +455,10 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
               help="Skip these codes.")
 @_normalize_options
-@click.option("--finite", type=click.Choice(["weights", "all"]), is_flag=False,
-              flag_value="weights", default=None, metavar="[=all]",
-              help="Also fail on NaN/inf values of the selected weights (reads them); "
-                   "--finite=all checks every tensor.")
+@click.option("--finite", "finite", flag_value="weights", default=None,
+              help="Also fail on NaN/inf values of the selected weights (reads them).")
+@click.option("--finite-all", "finite", flag_value="all",
+              help="Also fail on NaN/inf values of every tensor, optimizer state included.")
 @click.option("--require-format", multiple=True, type=click.Choice(Format.names()),
               help="Fail files in any other container format. Repeatable.")
 @click.option("--against", type=LOCATION, metavar="REF",
@@ -426,31 +474,24 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @_report_format("check")
 @click.pass_context
 def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
-                  ignore_codes: list[str], select: str, ema: str,
-                  strip_prefix: tuple[str, ...], keep_prefixes: bool, dtype: str,
-                  finite: str | None, require_format: tuple[str, ...], against: Path | None,
+                  ignore_codes: list[str], options: NormalizeOptions,
+                  max_expansion: float | None, finite: str | None,
+                  require_format: tuple[str, ...], against: Path | None,
                   against_manifest: Path | None, atol: float, rtol: float, quiet: bool,
                   report_format: str) -> None:
     """Gate exported checkpoints in CI: run the codes on every PATH (folders are searched
     for every file a loader could open) and report findings with stable codes.
 
     Exit 0 pass, 1 findings, 2 unreadable input. Nothing in a file ever runs.
-    (--select CKP001,… is accepted as --codes, its round-1 meaning.)
     """
-    from .commands.check import CODE_PATTERN, check
+    from .commands.check import check
     from .render import formatter
 
-    if CODE_PATTERN.fullmatch(select):
-        codes, select = [*codes, *(c.strip() for c in select.split(","))], "auto"
-    try:
-        with _progress(quiet or not (finite or against or against_manifest)) as progress:
-            report = check(paths, codes=codes, ignore=ignore_codes, finite=finite or False,
-                           require_format=require_format, against=against,
-                           against_manifest=against_manifest, atol=atol, rtol=rtol,
-                           options=_options(select, ema, strip_prefix, keep_prefixes, dtype),
-                           progress=progress)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    with _progress(quiet or not (finite or against or against_manifest)) as progress:
+        report = check(paths, codes=codes, ignore=ignore_codes, finite=finite,
+                       require_format=require_format, against=against,
+                       against_manifest=against_manifest, atol=atol, rtol=rtol,
+                       options=options, max_expansion=max_expansion, progress=progress)
     click.echo(formatter(report_format).check(report))
     ctx.exit(report.exit_code)
 

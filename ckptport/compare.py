@@ -107,16 +107,25 @@ def _walk(a: Any, b: Any, path: KeyPath, found: list[str], limit: int,
             return
         for index, (x, y) in enumerate(zip(a, b, strict=True)):
             _walk(x, y, (*path, index), found, limit, pairs)
-    elif not leaf_equal(a, b):
+    elif not leaf_equal(a, b, bits=True):
         found.append(f"{where}: {a!r} vs {b!r}"[:300])
 
 
-def leaf_equal(a: Any, b: Any) -> bool:
-    """Plain values by type and value; NaN equals NaN."""
+def leaf_equal(a: Any, b: Any, *, bits: bool = False) -> bool:
+    """Plain values by type and value, NaN equal to NaN (complex parts too).
+
+    ``bits``: the sign of zero counts too (verification: ``-0.0`` written as
+    ``0.0`` is a change); a NaN's payload does not (JSON metadata cannot carry it).
+    Else by value (``diff``).
+    """
     if type(a) is not type(b):
         return False
-    if isinstance(a, float) and math.isnan(a):
-        return math.isnan(b)
+    if isinstance(a, complex):
+        return leaf_equal(a.real, b.real, bits=bits) and leaf_equal(a.imag, b.imag, bits=bits)
+    if isinstance(a, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b and (not bits or math.copysign(1, a) == math.copysign(1, b))
     return bool(a == b)
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "InputError",
     "UnsafeCheckpointError",
     "CodeArchiveError",
+    "OptionError",
     "SelectionError",
     "StateDictMismatchError",
     "RuleError",
@@ -92,6 +93,10 @@ class UnsafeCheckpointError(InputError):
 
 class CodeArchiveError(InputError):
     """A TorchScript or torch.package archive: loading it runs the code it carries."""
+
+
+class OptionError(CkptportError):
+    """An option's value is not one ckptport can use (a code, a ratio, a manifest's options)."""
 
 
 class SelectionError(CkptportError):

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Blob", "StorageInfo", "TensorInfo", "Pending", "ViewKey", "view_key",
            "group_by_storage",
            "storage_key", "nbytes", "is_compact", "location", "chunks", "to_torch",
-           "to_numpy", "contiguous_strides", "human_bytes", "CHUNK_BYTES", "extent"]
+           "to_numpy", "contiguous_strides", "human_bytes", "CHUNK_BYTES", "extent", "realize"]
 
 CHUNK_BYTES = 1 << 24  # 16 MiB: what one read, hash or comparison step holds
 
@@ -189,11 +189,14 @@ class Pending(_TensorLike):
     """A tensor made when its bytes are needed: ``source``'s elements, contiguous, as ``dtype``.
 
     The explicit form of a rule's decision (compact a view, cast a dtype),
-    consumed by writers and verification one tensor at a time.
+    consumed by writers and verification one tensor at a time. ``transform``
+    holds what torch applies on load to a tensor saved as a lazy view
+    (``"neg"``, ``"conj"``: the bits ``torch.save`` records as tensor metadata).
     """
 
     source: Any
     dtype: DType
+    transform: tuple[str, ...] = ()
     shape: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -295,7 +298,7 @@ def chunks(leaf: Any, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
     if isinstance(leaf, TensorInfo):
         yield from _info_chunks(leaf, size)
     elif isinstance(leaf, Pending):
-        if leaf.dtype == dtype_of(leaf.source):
+        if leaf.dtype == dtype_of(leaf.source) and not leaf.transform:
             yield from chunks(leaf.source, size)
         else:
             yield from _memory_chunks(_as_bytes(to_torch(leaf)), size)
@@ -401,8 +404,7 @@ def to_torch(leaf: Any, storages: dict[int, Any] | None = None) -> torch.Tensor:
     tree, so views and ties stay what they were in the file.
     """
     if isinstance(leaf, Pending):
-        source = to_torch(leaf.source, storages).detach()
-        return source.to(leaf.dtype.to_torch()).contiguous().clone()
+        return realize(to_torch(leaf.source, storages).detach(), leaf)
     if not isinstance(leaf, TensorInfo):
         return leaf
     import torch
@@ -420,6 +422,15 @@ def to_torch(leaf: Any, storages: dict[int, Any] | None = None) -> torch.Tensor:
     if leaf.parameter:
         return torch.nn.Parameter(tensor, requires_grad=leaf.requires_grad)
     return tensor.requires_grad_(leaf.requires_grad) if leaf.requires_grad else tensor
+
+
+def realize(source: torch.Tensor, leaf: Pending) -> torch.Tensor:
+    """``leaf``'s value from its source's values: the load-time transform, then the cast."""
+    value = source
+    for step in leaf.transform:
+        value = value.neg() if step == "neg" else value.conj()
+    value = value.resolve_conj().resolve_neg().to(leaf.dtype.to_torch())
+    return value.contiguous().clone()
 
 
 def _torch_storage(info: StorageInfo) -> Any:

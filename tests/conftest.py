@@ -31,6 +31,27 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str
     return build_corpus(tmp_path_factory.mktemp("corpus"), sentinel)
 
 
+@pytest.fixture(scope="session")
+def real_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real_world")
+
+
+@pytest.fixture(scope="session")
+def real(real_root: Path) -> dict[str, Any]:
+    """Checkpoints as people really have them (``fixtures/real_world.py``), with their truth."""
+    from fixtures.real_world import build_real_world
+
+    return build_real_world(real_root)
+
+
+@pytest.fixture(scope="session")
+def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Valid encodings every command must accept (``fixtures/valid_corpus.py``)."""
+    from fixtures.valid_corpus import build_valid
+
+    return build_valid(tmp_path_factory.mktemp("valid"))
+
+
 @pytest.fixture
 def run():
     """Invoke the CLI in-process; stdout and stderr kept apart."""

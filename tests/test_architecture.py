@@ -77,7 +77,7 @@ class Negate:
     name: str = "negate"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
-        tree = {k: -v for k, v in ckptport.materialize(checkpoint).tree.items()}
+        tree = {k: -v for k, v in ckptport.readers.materialize(checkpoint).tree.items()}
         changes = tuple(Change(k, "negated", "x -> -x") for k in tree)
         return checkpoint.with_tree(tree), RuleResult(self.name, changes, "negated")
 

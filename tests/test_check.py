@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptport.commands.check import RULES, check
+from ckptport.commands.check import CODES, check
 from ckptport.render import ReportFormat, formatter
 
 GOLDEN = Path(__file__).with_name("golden") / "check_dp_in_ddp.json"
@@ -88,12 +88,12 @@ def test_directories_are_searched_recursively(fx, run, normalized, tmp_path):
 
 
 def test_select_and_ignore(fx, run):
-    assert set(_codes(run("check", fx["ddp_cuda3"], "--select", "CKP001,CKP004",
+    assert set(_codes(run("check", fx["ddp_cuda3"], "--codes", "CKP001,CKP004",
                           "--format", "json"))) == {"CKP001", "CKP004"}
     result = run("check", fx["ddp_cuda3"], "--ignore", "CKP001", "--ignore", "CKP002,CKP004")
     assert result.exit_code == 0
-    bad = run("check", fx["ddp_cuda3"], "--select", "CKP999")
-    assert bad.exit_code == 2 and "unknown rule code CKP999" in bad.stderr
+    bad = run("check", fx["ddp_cuda3"], "--codes", "CKP999")
+    assert bad.exit_code == 2 and "unknown check code CKP999" in bad.stderr
 
 
 def test_finite(fx, run):
@@ -148,7 +148,7 @@ def test_every_format_renders_check(fx):
 
 def test_rules_are_documented():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    for code, rule in RULES.items():
+    for code, rule in CODES.items():
         assert code == rule.code and rule.finds and rule.why and rule.fix
         assert rule.severity in ("error", "warning")
         assert f"| `{code}` | {rule.name} | {rule.severity} | {rule.finds} |" in readme

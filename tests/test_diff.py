@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 import ckptport
+import ckptport.commands.diff
 from ckptport.render import ReportFormat, formatter
 
 DIFF_MODULE = importlib.import_module("ckptport.commands.diff")  # ckptport.diff is the function
@@ -28,7 +29,7 @@ def _st(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def clean(fx, tmp_path_factory) -> Path:
     """fx["ddp_cuda3"] normalized to .safetensors with ckptport.convert."""
     out = tmp_path_factory.mktemp("diff") / "clean.safetensors"
-    ckptport.convert(fx["ddp_cuda3"], out)
+    ckptport.normalize_file(fx["ddp_cuda3"], out)
     return out
 
 
@@ -240,7 +241,7 @@ def test_python_api_takes_checkpoints_and_leaves_their_tensors_alone(clean, weig
         return seen.append
 
     report = ckptport.diff(clean, mine, progress=progress)
-    assert isinstance(report, ckptport.DiffReport)
+    assert isinstance(report, ckptport.commands.diff.DiffReport)
     assert [d.key for d in report.value_mismatches] == ["head.1.bias"]
     assert seen[0] == sum(seen[1:]) > 0
     assert float(mine.tree["head.1.bias"][0]) == 7.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,6 +14,8 @@ import pytest
 from ckptport.render import ReportFormat, formatter
 
 GOLDEN = Path(__file__).with_name("golden") / "inspect_dp_in_ddp.json"
+TEXT_GOLDEN = GOLDEN.with_name("inspect_ddp_cuda3.txt")
+JSON_GOLDEN = GOLDEN.with_name("inspect_ddp_cuda3.json")
 
 
 def _portable(doc: dict) -> dict:
@@ -83,13 +86,23 @@ def test_unreadable_is_one_line_exit_2(fx, run, name):
     assert len(result.stderr.strip().splitlines()) == 1 and str(fx[name]) in result.stderr
 
 
-def test_every_format_renders_inspect(fx):
+def test_every_format_renders_inspect_exactly(fx):
+    """Each format's rendering of one report, against its golden file (path and size
+    replaced: they depend on the machine and the torch that wrote the fixture)."""
     from ckptport.commands.inspection import inspect
 
     report = inspect(fx["ddp_cuda3"])
-    for fmt in ReportFormat:
-        if fmt is not ReportFormat.MARKDOWN:  # not offered by the inspect command
-            assert formatter(fmt).inspect(report)
+    assert report.size == fx["ddp_cuda3"].stat().st_size
+    portable = dataclasses.replace(report, path=Path("ddp_cuda3.pth"), size=0)
+    offered = {fmt for fmt in ReportFormat if "inspect" in formatter(fmt).commands}
+    assert offered == {ReportFormat.TEXT, ReportFormat.JSON}  # the inspect command's choices
+    text = formatter(ReportFormat.TEXT).inspect(portable)
+    doc = {**json.loads(formatter(ReportFormat.JSON).inspect(portable)), "ckptport": "<version>"}
+    if os.environ.get("CKPTPORT_UPDATE_GOLDEN"):
+        TEXT_GOLDEN.write_text(text + "\n")
+        JSON_GOLDEN.write_text(json.dumps(doc, indent=2) + "\n")
+    assert text == TEXT_GOLDEN.read_text().removesuffix("\n")
+    assert doc == json.loads(JSON_GOLDEN.read_text())
 
 
 # -- the torch-free describe reader ----------------------------------------------

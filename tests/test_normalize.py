@@ -195,12 +195,36 @@ def test_select_named_key_and_missing_key(fx, run, tmp_path):
     assert "no key 'weights'" in result.stderr and "state_dict" in result.stderr
 
 
-def test_auto_falls_back_to_the_largest_dict_of_tensors(fx, run, tmp_path):
+def test_auto_never_guesses_between_dicts_of_tensors(fx, run, tmp_path):
+    """Two candidates and no known name: an error listing both, never a pick by size."""
     out = tmp_path / "n.pth"
     result = run("normalize", fx["nested"], out)
+    assert result.exit_code == 2 and not out.exists()
+    assert "cannot tell which dict of tensors holds the weights: stuff.weights" in result.stderr
+    assert "stuff.tiny (1 entries" in result.stderr and "--select KEY" in result.stderr
+    result = run("normalize", fx["nested"], out, "--select", "stuff.weights")
     assert result.exit_code == 0
-    assert "picked stuff.weights: the dict of tensors holding the most bytes" in result.stdout
     TinyNet().load_state_dict(torch.load(out, weights_only=True), strict=True)
+
+
+def test_auto_never_picks_optimizer_state(tmp_path, run):
+    """facial_emotion_recognition's model.pkl: {"network": ..., "optimizer": ...}, legacy;
+    the Adam moments of one layer once won by size (exit 0, 2 tensors instead of 32)."""
+    torch.manual_seed(0)
+    network = TinyNet()
+    optimizer = torch.optim.Adam(network.parameters())
+    network(torch.randn(2, 3, 8, 8)).sum().backward()
+    optimizer.step()
+    src = tmp_path / "model.pkl"
+    torch.save({"network": network.state_dict(), "optimizer": optimizer.state_dict()}, src,
+               _use_new_zipfile_serialization=False)
+    out = tmp_path / "out.pth"
+    result = run("normalize", src, out)
+    assert result.exit_code == 0, result.stderr
+    assert "picked network: the only dict of tensors outside optimizer state" in result.stdout
+    loaded = torch.load(out, weights_only=True)
+    assert list(loaded) == list(network.state_dict())
+    TinyNet().load_state_dict(loaded, strict=True)
 
 
 def test_ema_timm_and_mmengine(fx, run, tmp_path):
@@ -267,7 +291,7 @@ def test_json_report_lists_every_rule(fx, run, tmp_path):
 
 
 def test_python_api_matches_cli(fx, tmp_path):
-    report = ckptport.convert(fx["ddp_cuda3"], tmp_path / "p.safetensors",
+    report = ckptport.normalize_file(fx["ddp_cuda3"], tmp_path / "p.safetensors",
                               ckptport.NormalizeOptions(dtype="float16"))
     assert report.output.verified and report.output.tensors == 9
     normalized = ckptport.normalize(ckptport.read(fx["ddp_cuda3"]))
@@ -282,7 +306,7 @@ def test_progress_callback_sees_every_byte(fx, tmp_path):
         seen[description] = [total, 0]
         return lambda n: seen[description].__setitem__(1, seen[description][1] + n)
 
-    ckptport.convert(fx["ddp_cuda3"], tmp_path / "p.safetensors", progress=progress)
+    ckptport.normalize_file(fx["ddp_cuda3"], tmp_path / "p.safetensors", progress=progress)
     writing, verifying = seen["writing p.safetensors"], seen["verifying p.safetensors"]
     assert verifying[0] == verifying[1] > 0
     assert writing[1] == writing[0] == verifying[0]

@@ -60,7 +60,7 @@ def test_forged_numpy_dtype_is_refused_without_crashing(forged, tmp_path, name):
 
 def test_genuine_numpy_values_still_convert(forged, tmp_path):
     dst = tmp_path / "o.pth"
-    ckptport.convert(forged["numpy_genuine"], dst, ckptport.NormalizeOptions(select="all"))
+    ckptport.normalize_file(forged["numpy_genuine"], dst, ckptport.NormalizeOptions(select="all"))
     loaded = torch.load(dst, weights_only=True)
     for key, value in genuine_numpy().items():
         if isinstance(value, np.ndarray):

@@ -97,7 +97,7 @@ def test_normalized_output_reads_back_bit_for_bit(tree, ext, sharded):
         folder = Path(tmp)
         src = _write_source(tree, folder)
         dst = folder / ("set" if sharded else f"out.{ext}")
-        ckptport.convert(src, dst, to=ext if sharded else None,
+        ckptport.normalize_file(src, dst, to=ext if sharded else None,
                          max_shard_size=64 if sharded else None)
         expected = _expected(tree["state_dict"])
         if sharded:
@@ -128,7 +128,7 @@ def test_select_all_round_trips_the_whole_tree(tree):
         normalized = ckptport.normalize(ckptport.read(src), options).checkpoint.tree
         for ext in ("pth", "safetensors"):
             out = folder / f"all.{ext}"
-            ckptport.convert(src, out, options)
+            ckptport.normalize_file(src, out, options)
             assert tree_mismatches(normalized, ckptport.read(out).tree) == []
 
 
@@ -164,8 +164,8 @@ def test_normalize_is_idempotent(tree, ext):
         folder = Path(tmp)
         src = _write_source(tree, folder)
         once, twice = folder / f"once.{ext}", folder / f"twice.{ext}"
-        ckptport.convert(src, once)
-        report = ckptport.convert(once, twice)
+        ckptport.normalize_file(src, once)
+        report = ckptport.normalize_file(once, twice)
         assert not any(r.changed for r in report.rules)
         if ext == "pth":
             assert once.read_bytes() == twice.read_bytes()

@@ -49,7 +49,7 @@ def test_normalize_refuses_attack(fx, sentinel, run, tmp_path, name):
     ("call_os_system_zip", "os.system"),
     ("dotted_name_legacy", "posixpath.os.system"),
     ("call_functools_partial_zip", "functools.partial"),
-    ("call_mypkg_factory_make_model_zip", "mypkg.factory.make_model"),
+    ("call_mailbox_Maildir_zip", "mailbox.Maildir"),
 ])
 def test_refusal_names_the_global(fx, run, tmp_path, name, global_name):
     result = run("normalize", fx[name], tmp_path / "o.pth")

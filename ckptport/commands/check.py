@@ -32,6 +32,7 @@ from ..errors import (
     CkptportError,
     CodeArchiveError,
     InputError,
+    OptionError,
 )
 from ..progress import Progress, no_progress
 from ..remote.urls import location as source_location
@@ -40,7 +41,7 @@ from ..tensors import human_bytes
 from ..unpickle import allowed_names
 from .inspection import InspectReport, inspect, read_for_report
 
-__all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "Rule", "CODES", "RULES", "Finding",
+__all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding",
            "FileResult", "Skipped", "CheckReport", "check", "CODE_PATTERN", "FINITE_SCOPES"]
 
 CODE_PATTERN = re.compile(r"(?i)CKP\d{3}(\s*,\s*CKP\d{3})*")
@@ -68,6 +69,7 @@ class CheckSettings:
     atol: float = 0.0
     rtol: float = 0.0
     progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
+    max_expansion: float = 2.0  # readers.budget's ratio
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,19 @@ class FileUnderCheck:
     @property
     def dangerous(self) -> bool:
         """Running more than the static codes on it would mean trusting it: not done."""
-        return bool(self.report.dangerous_globals or self.report.unproven_callables)
+        return bool(self.report.dangerous_globals)
+
+    @property
+    def over_budget(self) -> str | None:
+        """Why reading its tensor values would be refused (``readers.budget``), if it would."""
+        from ..readers.budget import over_budget
+
+        return over_budget(self.checkpoint, self.settings.max_expansion)
+
+    @property
+    def values_readable(self) -> bool:
+        """Whether codes that read tensor values may run: nothing dangerous, within budget."""
+        return not self.dangerous and self.over_budget is None
 
 
 Hit = tuple[str | None, str]  # (key or None, message)
@@ -111,9 +125,6 @@ class CheckCode:
     fix: str
     run: Callable[[FileUnderCheck], Iterable[Hit]] = _nothing
     wanted: Callable[[CheckSettings], bool] = _always
-
-
-Rule = CheckCode  # round 1's name
 
 
 def _spelled(name: str, raw: str | None) -> str | None:
@@ -157,11 +168,22 @@ def _dangerous(file: FileUnderCheck) -> Iterable[Hit]:
     for name in report.dangerous_globals:
         yield where.get(name), _dangerous_message(name, _spelled(name,
                                                                  report.spellings.get(name)))
+
+
+def _third_party_calls(file: FileUnderCheck) -> Iterable[Hit]:
+    report, where = file.report, _where(file.report)
     for name in report.unproven_callables:
         spelled = _spelled(name, report.spellings.get(name)) or name
-        yield where.get(name), (f"the file calls {spelled}, which ckptport cannot prove is a "
-                                "harmless class: full unpickling would run it (nothing was run; "
-                                "normalize keeps or refuses it as data)")
+        yield where.get(name), (f"calls {spelled}(…), which full unpickling would run; it "
+                                "cannot be proven harmless (nothing was run; normalize keeps "
+                                "the call as data, or refuses it when it is handed tensors)")
+
+
+def _expansion(file: FileUnderCheck) -> Iterable[Hit]:
+    why = file.over_budget
+    if why is not None:
+        yield (file.checkpoint.source.largest[0][0] if file.checkpoint.source.largest
+               else None), why
 
 
 def _wrapper_prefixes(file: FileUnderCheck) -> Iterable[Hit]:
@@ -181,6 +203,8 @@ def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
     from .finite import non_finite
 
     assert file.settings.finite is not None
+    if not file.values_readable:
+        return ()
     return non_finite(file.checkpoint, file.settings.options, file.settings.finite,
                       file.settings.progress)
 
@@ -192,13 +216,13 @@ def _format(file: FileUnderCheck) -> Iterable[Hit]:
 
 
 def _against_reference(file: FileUnderCheck) -> Iterable[Hit]:
-    if file.dangerous or file.settings.reference is None:
+    if not file.values_readable or file.settings.reference is None:
         return ()
     return _against(file.checkpoint, file.settings)
 
 
 def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
-    if file.dangerous:
+    if not file.values_readable:
         return ()
     from .manifest import against_manifest
 
@@ -210,6 +234,21 @@ def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
     if file.report.format is Format.TORCHSCRIPT:
         yield None, ("a TorchScript archive: loading it runs its code; use normalize --trust "
                      "if you vouch for it")
+
+
+def _partial_layout(file: FileUnderCheck) -> Iterable[Hit]:
+    from ..readers.layouts import PROBLEMS
+    from ..readers.ranks import one_rank
+
+    problems = file.checkpoint.source.metadata.get(PROBLEMS)
+    for line in problems.splitlines() if problems else ():
+        yield None, line
+    shard = one_rank(file.checkpoint.tree)
+    if shard is not None:
+        key, layout = shard
+        yield key, (f"holds rank {layout.rank}'s shard of a tensor sharded over {layout.world} "
+                    "ranks: one rank file of a sharded state dict; read the folder of all "
+                    "rank files as one checkpoint")
 
 
 CODES = {rule.code: rule for rule in (
@@ -224,7 +263,8 @@ CODES = {rule.code: rule for rule in (
               "ckptport normalize SRC DST (turns objects into plain data)", _beyond_weights_only),
     CheckCode("CKP003", "dangerous-global", "error",
               "globals that run code, import or touch files (os.system, builtins.eval, "
-              "subprocess.*, …), and unknown callables not provably classes, each named",
+              "subprocess.*, every standard-library global but its few data classes, …), "
+              "each named",
               "loading the file with full unpickling runs that code",
               "do not load the file; rebuild it from a trusted source", _dangerous),
     CheckCode("CKP004", "wrapper-prefix", "warning",
@@ -266,6 +306,28 @@ CODES = {rule.code: rule for rule in (
               "torch.jit.load and PackageImporter execute the archive's code",
               "ckptport normalize --trust SRC DST if you vouch for it, then ship DST",
               _code_archive),
+    CheckCode("CKP012", "third-party-call", "warning",
+              "third-party callables the file calls (an enum member, a config class, a "
+              "function), which ckptport cannot prove harmless, each named",
+              "full unpickling (weights_only=False) runs them; a package's own enums are "
+              "usually benign, unlike CKP003's code-running names",
+              "ckptport normalize SRC DST (keeps them as data); --ignore CKP012 to accept a "
+              "package you trust", _third_party_calls),
+    CheckCode("CKP013", "partial-layout", "error",
+              "a sharded checkpoint that is not whole: a rank file missing, world sizes that "
+              "disagree, rank files left over from an earlier run with more ranks, shards that "
+              "do not tile a tensor, or one rank's file read alone",
+              "consolidating it fails or silently mixes runs; a single rank's file holds a "
+              "fraction of each tensor",
+              "save again from every rank, remove stale rank files, or check the whole "
+              "folder (DeepSpeed tag folder, folder of rank files)", _partial_layout),
+    CheckCode("CKP014", "expansion", "error",
+              "tensors that stand for more bytes than the budget allows relative to the "
+              "file's size (stride-0 or overlapping views), naming the biggest",
+              "normalize, manifest and --finite would write or read that much from a small "
+              "file (a disk-filling or memory bomb)",
+              "re-export the tensors compact; --max-expansion RATIO if the file is yours",
+              _expansion),
 )}
 RULES = CODES  # round 1's name
 
@@ -306,34 +368,49 @@ def check(
     *,
     codes: Iterable[str] = (),
     ignore: Iterable[str] = (),
-    finite: bool | str = False,
+    finite: str | None = None,
     require_format: Iterable[str] = (),
     against: str | os.PathLike[str] | None = None,
     against_manifest: str | os.PathLike[str] | None = None,
     atol: float = 0.0,
     rtol: float = 0.0,
     options: NormalizeOptions | None = None,
-    select: Iterable[str] = (),
+    max_expansion: float | None = None,
     progress: Progress = no_progress,
 ) -> CheckReport:
     """Run the codes on every file (folders searched for every file a loader could open).
 
-    ``paths`` is one path or several. ``codes``/``ignore`` take codes (``select`` is
-    round 1's name for ``codes``); an unknown code is a ``ValueError``. ``finite``:
-    ``True``/``"weights"`` checks the weights ``--select`` picks, ``"all"`` every
-    tensor. ``options`` normalize both sides for ``against`` and pick the weights
-    for ``finite``. ``CKP006`` runs only with ``finite``, ``CKP007`` only with
-    ``require_format``, ``CKP009`` only with ``against``, ``CKP010`` only with
-    ``against_manifest``.
+    Args:
+        paths: one path or several; a folder is searched for every checkpoint in it.
+        codes: run only these codes (``"CKP001"``); default: every code the other
+            arguments ask for. ``ignore``: skip these.
+        finite: ``"weights"`` checks the weights ``options.select`` picks for NaN/inf,
+            ``"all"`` every tensor (CKP006); None: not checked.
+        require_format: container formats allowed (CKP007).
+        against / against_manifest: a reference checkpoint (CKP009, within
+            ``atol``/``rtol``) or a manifest (CKP010) the files must agree with.
+        options: how both sides are normalized for ``against`` and the weights picked.
+        max_expansion: ``readers.budget``'s ratio for CKP014 (default 2).
+
+    Returns:
+        A ``CheckReport``: findings per file, files skipped, and the exit code.
+
+    Raises:
+        OptionError: an unknown code or finite scope.
+        CkptportError: the reference or manifest cannot be read (a checked file that
+            cannot be read is a CKP008 finding, not an error).
     """
-    scope = "weights" if finite is True else (finite or None)
-    if scope is not None and scope not in FINITE_SCOPES:
-        raise ValueError(f"finite must be one of {', '.join(FINITE_SCOPES)}, not {finite!r}")
-    settings = CheckSettings(tuple(require_format), scope, None, None,
-                             options or NormalizeOptions(), atol, rtol, progress)
+    if finite is not None and finite not in FINITE_SCOPES:
+        raise OptionError(f"finite must be one of {', '.join(FINITE_SCOPES)} or None, not "
+                          f"{finite!r}")
+    from ..readers.budget import ratio_of
+
+    settings = CheckSettings(tuple(require_format), finite, None, None,
+                             options or NormalizeOptions(), atol, rtol, progress,
+                             ratio_of(max_expansion))
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
                      manifest=_PLANNED if against_manifest is not None else None)
-    chosen = _codes([*codes, *select], ignore, wanted)
+    chosen = _codes(codes, ignore, wanted)
     if against is not None and "CKP009" in chosen:
         from ..readers import open_checkpoint
 
@@ -356,7 +433,7 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
     left_out = [c.strip().upper() for item in skipped for c in str(item).split(",") if c.strip()]
     unknown = [c for c in (*picked, *left_out) if c not in CODES]
     if unknown:
-        raise ValueError(f"unknown rule code {', '.join(unknown)} (known: {', '.join(CODES)})")
+        raise OptionError(f"unknown check code {', '.join(unknown)} (known: {', '.join(CODES)})")
     return tuple(c for c, code in CODES.items()
                  if (c in picked if picked else code.wanted(settings)) and c not in left_out)
 

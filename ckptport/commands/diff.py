@@ -27,18 +27,20 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..compare import leaf_equal
 from ..dtypes import DType, dtype_of
+from ..errors import RuleError
 from ..progress import Advance, Progress, no_progress
 from ..readers import open_checkpoint
-from ..rules import NormalizeOptions, apply_rules
+from ..rules import NormalizeOptions, Recipe, apply_rules
 from ..tensors import chunks, view_key
 from ..tree import children
 from .manifest import Manifest, is_manifest, load_manifest, manifest, manifest_options
+from .manifest import one_side as manifest_one_side
 
 __all__ = [
     "DiffReport",
@@ -211,21 +213,29 @@ def diff(
     options: NormalizeOptions | None = None,
     raw: bool = False,
     trust: bool = False,
+    map_a: Recipe | str | os.PathLike[str] | None = None,
+    map_b: Recipe | str | os.PathLike[str] | None = None,
+    max_expansion: float | None = None,
     progress: Progress = no_progress,
 ) -> DiffReport:
     """Compare ``a`` and ``b`` (paths or Checkpoints) after normalizing both alike.
 
-    ``raw=True`` compares the trees as stored. Unreadable input raises a
-    ``CkptportError`` naming the file; ``trust`` unpickles both with full
-    Python (TorchScript, files the user vouches for).
+    ``raw=True`` compares the trees as stored. ``map_a``/``map_b`` apply a
+    key recipe (``--map FILE``) to one side only, so a renamed checkpoint
+    compares with its source. Unreadable input raises a ``CkptportError``
+    naming the file; ``trust`` unpickles both with full Python (TorchScript,
+    files the user vouches for).
     """
-    if raw and options is not None:
+    if raw and (options is not None or map_a is not None or map_b is not None):
         raise ValueError("raw=True compares as stored; it takes no normalize options")
     tolerance = Tolerance(atol, rtol, cast)
     if any(not isinstance(x, Checkpoint) and is_manifest(x) for x in (a, b)):
+        if map_a is not None or map_b is not None:
+            raise RuleError("--map-a/--map-b: a manifest side is normalized as the manifest "
+                            "records; make the manifest with --map instead")
         return _diff_manifests(a, b, tolerance, trust, progress)
-    side_a, leaves_a = _prepare(a, options, raw, trust, progress)
-    side_b, leaves_b = _prepare(b, options, raw, trust, progress)
+    side_a, leaves_a = _prepare(a, _mapped(options, map_a), raw, trust, max_expansion)
+    side_b, leaves_b = _prepare(b, _mapped(options, map_b), raw, trust, max_expansion)
     shapes: list[ShapeMismatch] = []
     dtypes: list[DtypeMismatch] = []
     leaves: list[LeafMismatch] = []
@@ -265,6 +275,17 @@ def diff(
     )
 
 
+def _mapped(options: NormalizeOptions | None,
+            recipe: Recipe | str | os.PathLike[str] | None) -> NormalizeOptions | None:
+    """One side's options: the shared ones, with that side's recipe."""
+    if recipe is None:
+        return options
+    if options is not None and options.key_steps:
+        raise RuleError("--map-a/--map-b: the key steps of --map, --subtree, --keep, --drop "
+                        "and --rename apply to both sides; give one side's steps in its map")
+    return replace(options or NormalizeOptions(), recipe=recipe)
+
+
 def _diff_manifests(a: str | os.PathLike[str] | Checkpoint, b: str | os.PathLike[str] | Checkpoint,
                     tolerance: Tolerance, trust: bool, progress: Progress) -> DiffReport:
     """A manifest on one side (or both): the other is normalized as the manifest records
@@ -295,11 +316,12 @@ def _diff_manifests(a: str | os.PathLike[str] | Checkpoint, b: str | os.PathLike
             dtypes.append(DtypeMismatch(name, x.shape, x.dtype, y.dtype))
         elif x.sha256 != y.sha256:
             hashes.append(HashMismatch(name, x.sha256, y.sha256))
+    only_a, tied_a = manifest_one_side(want, have)
+    only_b, tied_b = manifest_one_side(have, want)
     return DiffReport(
         a=side_a, b=side_b, tolerance=tolerance, raw=False,
         tensors_compared=sum(1 for n in want if n in have),
-        only_in_a=tuple(n for n in want if n not in have),
-        only_in_b=tuple(n for n in have if n not in want),
+        only_in_a=only_a, only_in_b=only_b, tied_only_in_a=tied_a, tied_only_in_b=tied_b,
         shape_mismatches=tuple(shapes), dtype_mismatches=tuple(dtypes),
         hash_mismatches=tuple(hashes))
 
@@ -320,10 +342,11 @@ def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]
 
 
 def _prepare(source: str | os.PathLike[str] | Checkpoint, options: NormalizeOptions | None,
-             raw: bool, trust: bool, progress: Progress) -> tuple[Side, dict[KeyPath, Any]]:
+             raw: bool, trust: bool, max_expansion: float | None
+             ) -> tuple[Side, dict[KeyPath, Any]]:
     """Read (if a path), normalize (unless raw) and flatten one side."""
     checkpoint = source if isinstance(source, Checkpoint) else \
-        open_checkpoint(source, trust=trust)
+        open_checkpoint(source, trust=trust, max_expansion=max_expansion)
     notes: tuple[str, ...] = ()
     if not raw:
         normalized = apply_rules(checkpoint, options, lazy=True, require_prefix_match=False)

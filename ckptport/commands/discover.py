@@ -19,6 +19,8 @@ from pathlib import Path
 from ..containers.sniff import is_tar, torch_would_unpickle
 from ..errors import CkptportError
 from ..readers.dcp import METADATA_FILE, is_dcp
+from ..readers.deepspeed import tag_files
+from ..readers.ranks import rank_files
 from ..sources import open_source
 
 __all__ = ["Found", "Discovery", "discover", "inside"]
@@ -71,6 +73,16 @@ def _classify(path: Path) -> str | None:
         source.close()
 
 
+def _rank_set(folder: Path) -> tuple[Path, ...] | None:
+    """A DeepSpeed tag folder's rank files, or a set of two or more per-rank files: one
+    checkpoint (a single ``model_rank0.pt`` stays a file)."""
+    files = tag_files(folder)
+    if files:
+        return files
+    ranks = rank_files(folder)
+    return tuple(ranks.values()) if ranks is not None and len(ranks) > 1 else None
+
+
 def discover(root: Path) -> Discovery:
     """Every checkpoint under ``root`` and every other file, in path order."""
     from ..containers.shard_index import parse_index
@@ -84,6 +96,9 @@ def discover(root: Path) -> Discovery:
             files = (here / METADATA_FILE, *sorted(here.glob("*.distcp")))
             found.checkpoints.append(Found(here, files))
             covered.update(files)
+        elif (ranked := _rank_set(here)) is not None:
+            found.checkpoints.append(Found(here, ranked))
+            covered.update(ranked)
         for name in sorted(names):
             if name.endswith(".index.json"):
                 index = here / name

@@ -62,7 +62,7 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
     tree = checkpoint.tree
     prefix: tuple[Any, ...] = ()
     if scope == "weights":
-        picked, result = Select(options.select, str(options.ema))(checkpoint)
+        picked, result = Select(options.select, options.ema)(checkpoint)
         tree = picked.tree
         chosen = str(result.details["picked"])
         prefix = () if chosen == "<root>" else (chosen,)

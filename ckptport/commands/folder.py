@@ -35,11 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_FINDINGS, EXIT_OK, CkptportError, InputError, OutputError
+from ..errors import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    CkptportError,
+    InputError,
+    OptionError,
+    OutputError,
+)
 from ..parallel import workers
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from ..writers.plan import FILE_EXTENSIONS, Target
+from ..writers.plan import file_extension as _extension
 from .discover import Found, discover, inside
 from .manifest import options_of
 from .normalize import sha256_files
@@ -64,11 +72,15 @@ class FolderOptions:
     jobs: int | None = None
     part: tuple[int, int] | None = None  # (I, N), 1 <= I <= N
     dry_run: bool = False
+    max_expansion: float | None = None  # readers.budget's ratio
+    metadata: str = "keep"  # a safetensors source's own metadata: keep or drop
 
     def key(self) -> str:
         """What decides an output's bytes: a journal entry counts only under the same key."""
         return json.dumps({"options": options_of(self.options), "to": self.to,
-                           "anchor": self.anchor}, sort_keys=True)
+                           "anchor": self.anchor,
+                           **({"metadata": self.metadata} if self.metadata != "keep" else {})},
+                          sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,9 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
     if not found.checkpoints:
         raise InputError("is a directory with no checkpoint in it (no checkpoint file, shard "
                          "set, DCP or Hugging Face folder below it)", src)
+    if _extension(dst):
+        raise OptionError(f"is a folder of checkpoints, which folder mode writes to a folder, "
+                          f"but DST {dst} names a file; name a folder", src)
     tasks: list[_Task] = []
     failed: list[FileOutcome] = []
     taken: dict[str, str] = {}
@@ -247,7 +262,8 @@ def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict
         out.parent.mkdir(parents=True, exist_ok=True)
         report = normalize_file(task.found.path, out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
-                                jobs=1, hash_source=True)
+                                jobs=1, hash_source=True, metadata=settings.metadata,
+                                max_expansion=settings.max_expansion)
     except CkptportError as exc:
         return {"outcome": FileOutcome(task.source, task.output, "failed",
                                        " ".join(exc.message.split()), task.size)}

@@ -24,7 +24,7 @@ from ..errors import CkptportError
 from ..readers import open_checkpoint
 from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
 from ..rules.select import Select
-from ..tensors import extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
+from ..tensors import Pending, extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
 from ..tree import (
     Backref,
     GlobalRef,
@@ -344,7 +344,7 @@ def storage_bloat(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
     bloated = []
     for members in group_by_storage(tree, tensors).values():
         first_path, first = members[0]
-        if storage_key(first) is None:
+        if storage_key(first) is None or isinstance(first, Pending):
             continue
         spans = []
         for _, tensor in members:

@@ -7,6 +7,14 @@ model, the checkpoint, or both are wrapped (DataParallel, DDP,
 torch.compile, FSDP), and on a mismatch raises one error that lists the
 missing and unexpected keys, their closest matches and the prefix that
 would fix them.
+
+Both take the key-surgery arguments of ``normalize`` (``subtree=``,
+``keep=``, ``drop=``, ``rename=``, ``map=``), applied in the same order.
+``load_into`` never reports success for a load that did not happen: a model
+built on the ``meta`` device gets the checkpoint's tensors assigned (on
+``device``, in ``dtype``), a shape mismatch is a ``StateDictMismatchError``
+naming the tensors (or skipped and reported with
+``ignore_mismatched_sizes``), and a load that matched no key is an error.
 """
 
 from __future__ import annotations
@@ -14,13 +22,13 @@ from __future__ import annotations
 import difflib
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CkptportError, SelectionError, StateDictMismatchError
 from ..readers import read
-from ..rules import NormalizeOptions, apply_rules, is_state_dict, strip_key
+from ..rules import NormalizeOptions, Recipe, apply_rules, is_state_dict, strip_key
 from ..tree import rebuild_dict
 
 if TYPE_CHECKING:
@@ -31,18 +39,39 @@ __all__ = ["load_state_dict", "load_into", "LoadResult"]
 SHOWN_KEYS = 5
 
 
+def with_keys(options: NormalizeOptions | None, *, subtree: str | None = None,
+              keep: Sequence[str] = (), drop: Sequence[str] = (),
+              rename: Sequence[tuple[str, str]] = (),
+              map: Recipe | str | os.PathLike[str] | None = None) -> NormalizeOptions | None:  # noqa: A002
+    """``options`` with the key-surgery keywords of the Python API added (``map``: a recipe
+    file, as ``--map``)."""
+    given: dict[str, Any] = {
+        name: value for name, value in (("subtree", subtree), ("keep", tuple(keep)),
+                                        ("drop", tuple(drop)), ("rename", tuple(rename)),
+                                        ("recipe", map)) if value}
+    return replace(options or NormalizeOptions(), **given) if given else options
+
+
 def load_state_dict(
     path: str | os.PathLike[str],
     device: str | torch.device | None = None,
     *,
     options: NormalizeOptions | None = None,
     trust: bool = False,
+    subtree: str | None = None,
+    keep: Sequence[str] = (),
+    drop: Sequence[str] = (),
+    rename: Sequence[tuple[str, str]] = (),
+    map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (the CLI's --map)
 ) -> OrderedDict[str, torch.Tensor]:
     """A plain state dict from any checkpoint, ready for ``model.load_state_dict``.
 
     Tensors stay mapped from the file (copy-on-write) unless ``device`` asks
-    for another device (``"cuda:0"``, ``"mps"``).
+    for another device (``"cuda:0"``, ``"mps"``). ``subtree``, ``keep``,
+    ``drop``, ``rename`` and ``map`` are ``normalize``'s key steps, added to
+    ``options``.
     """
+    options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     normalized = apply_rules(read(path, trust=trust), options)
     state = normalized.checkpoint.tree
     if not is_state_dict(state):
@@ -62,17 +91,52 @@ def _to(tensor: torch.Tensor, device: str | torch.device, path: str | os.PathLik
                             os.fspath(path)) from None
 
 
+Mismatch = tuple[str, tuple[int, ...], tuple[int, ...]]  # name, checkpoint shape, model shape
+
+
 @dataclass(frozen=True)
 class LoadResult:
-    """Keys of the model the checkpoint did not fill, and checkpoint keys left over."""
+    """What the load did: model keys the checkpoint did not fill (``missing``, which also
+    lists tensors still on ``meta`` that no checkpoint key could fill, such as
+    non-persistent buffers), checkpoint keys left over (``unexpected``), tensors skipped
+    for their shape (``mismatched``: name, checkpoint shape, model shape) and how many
+    model tensors were loaded."""
 
     missing: tuple[str, ...]
     unexpected: tuple[str, ...]
+    mismatched: tuple[Mismatch, ...] = ()
+    loaded: int = 0
 
 
 def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: bool = True,
-              options: NormalizeOptions | None = None, trust: bool = False) -> LoadResult:
-    """Load ``path`` into ``model``, wrapped or not, on the model's own keys."""
+              options: NormalizeOptions | None = None, trust: bool = False,
+              subtree: str | None = None, keep: Sequence[str] = (), drop: Sequence[str] = (),
+              rename: Sequence[tuple[str, str]] = (),
+              map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (--map)
+              device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+              ignore_mismatched_sizes: bool = False) -> LoadResult:
+    """Load ``path`` into ``model``, wrapped or not, on the model's own keys.
+
+    A model with tensors on ``meta`` (built under ``torch.device("meta")``)
+    gets the checkpoint's tensors assigned (``assign=True``), each moved to
+    ``device`` (default: the CPU, or the tensor's own device when it is not
+    on meta) and, when floating point, cast to ``dtype`` (default: the
+    dtype the model declared); ties the model declared stay tied. A model
+    with real tensors is loaded in place (copies), then moved with
+    ``model.to(device, dtype)`` when those are given.
+
+    A tensor whose shape differs from the model's is an error naming it,
+    even with ``strict=False``; ``ignore_mismatched_sizes=True`` skips it
+    (the model keeps its own) and lists it in ``mismatched``. A load that
+    filled no model tensor is always an error.
+    """
+    import torch
+
+    where = os.fspath(path)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise CkptportError(f"dtype={dtype!r}: give a floating-point torch.dtype (it applies "
+                            "to floating-point tensors only)", where)
+    options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     state = load_state_dict(path, options=options, trust=trust)
     model_state = model.state_dict(keep_vars=True)
     model_keys = list(model_state)
@@ -82,29 +146,110 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     versions = getattr(state, "_metadata", None)
     if versions is not None:
         renamed._metadata = _versions_for(model, versions)  # type: ignore[attr-defined]
-    missing = tuple(k for k in model_keys if k not in renamed)
-    unexpected = tuple(k for k in renamed if k not in set(model_keys))
+    mismatched = tuple((k, tuple(renamed[k].shape), tuple(t.shape))  # in the model's order
+                       for k, t in model_state.items()
+                       if k in renamed and tuple(renamed[k].shape) != tuple(t.shape))
+    if mismatched and not ignore_mismatched_sizes:
+        raise StateDictMismatchError(_shapes(mismatched), where)
+    for name, _, _ in mismatched:
+        del renamed[name]
+    skipped = {name for name, _, _ in mismatched}
+    missing = tuple(k for k in model_keys if k not in renamed and k not in skipped)
+    unexpected = tuple(k for k in renamed if k not in model_state)
+    loaded = len(model_keys) - len(missing) - len(skipped)
+    if not loaded:
+        raise StateDictMismatchError("the checkpoint filled no tensor of the model: "
+                                     + _explain(missing, unexpected), where)
     if strict and (missing or unexpected):
-        raise StateDictMismatchError(_explain(missing, unexpected), os.fspath(path))
-    model.load_state_dict(renamed, strict=False)
-    return LoadResult(missing, unexpected)
+        raise StateDictMismatchError(_explain(missing, unexpected), where)
+    on_meta = any(t.is_meta for t in model_state.values() if isinstance(t, torch.Tensor))
+    if on_meta:
+        for key, value in list(renamed.items()):
+            if key in model_state:
+                renamed[key] = _placed(value, model_state[key], device, dtype, path)
+    try:
+        model.load_state_dict(renamed, strict=False, assign=on_meta)
+    except RuntimeError as exc:  # what the checks above cannot foresee: one line, our type
+        raise StateDictMismatchError(f"torch refused the load: {str(exc).splitlines()[-1]}",
+                                     where) from None
+    if on_meta:
+        _retie(model, model_state)
+    elif device is not None or dtype is not None:
+        try:
+            model.to(device=device, dtype=dtype)
+        except (AssertionError, RuntimeError, ValueError) as exc:  # no such device here
+            raise CkptportError(f"cannot move the model to {device}: "
+                                f"{str(exc).splitlines()[0]}", where) from None
+    left = _left_on_meta(model, missing)  # listed as missing: the caller must fill them
+    unfillable = tuple(name for name in left if name not in skipped)
+    if unfillable and strict:
+        raise StateDictMismatchError(
+            f"{len(unfillable)} model tensors are still on meta and no checkpoint key fills "
+            f"them: {_listing(unfillable, ())} (non-persistent buffers are not in "
+            "checkpoints: build them on a real device, or pass strict=False and fill them "
+            "yourself)", where)
+    return LoadResult((*missing, *left), unexpected, mismatched, loaded)
+
+
+def _shapes(mismatched: tuple[Mismatch, ...]) -> str:
+    shown = "; ".join(f"{name}: checkpoint {list(ckpt)}, model {list(own)}"
+                      for name, ckpt, own in mismatched[:SHOWN_KEYS])
+    more = f"; … {len(mismatched) - SHOWN_KEYS} more" if len(mismatched) > SHOWN_KEYS else ""
+    return (f"{len(mismatched)} tensors differ in shape from the model's: {shown}{more}; pass "
+            "ignore_mismatched_sizes=True to keep the model's own (a new head)")
+
+
+def _placed(value: torch.Tensor, target: torch.Tensor, device: str | torch.device | None,
+            dtype: torch.dtype | None, path: str | os.PathLike[str]) -> torch.Tensor:
+    """A checkpoint tensor as it will be assigned: on ``device``, floating ones in ``dtype``
+    (defaults: the model tensor's own device, the CPU for meta, and its own dtype)."""
+    place = device if device is not None else ("cpu" if target.is_meta else target.device)
+    kind = dtype if dtype is not None and target.is_floating_point() else target.dtype
+    moved = _to(value, place, path)
+    return moved.to(kind) if moved.dtype != kind else moved
+
+
+def _retie(model: torch.nn.Module, before: Mapping[str, Any]) -> None:
+    """Names that were one Parameter before an assigning load are one again after it
+    (``assign=True`` wraps each name's tensor in its own Parameter)."""
+    first: dict[int, str] = {}
+    for key, tensor in before.items():
+        owner = first.setdefault(id(tensor), key)
+        if owner != key:
+            module, _, leaf = key.rpartition(".")
+            source_module, _, source_leaf = owner.rpartition(".")
+            shared = getattr(model.get_submodule(source_module), source_leaf)
+            setattr(model.get_submodule(module), leaf, shared)
+
+
+def _left_on_meta(model: torch.nn.Module, missing: tuple[str, ...]) -> tuple[str, ...]:
+    """Parameters and buffers still on meta that ``missing`` does not already list."""
+    listed = set(missing)
+    named = [*model.named_parameters(remove_duplicate=False),
+             *model.named_buffers(remove_duplicate=False)]
+    return tuple(name for name, tensor in named if tensor.is_meta and name not in listed)
 
 
 def _fill_ties(model_state: Mapping[str, Any], loaded: dict[str, Any]) -> None:
     """Fill model keys the model ties to a key the checkpoint holds (``lm_head`` = embedding).
 
     Files saved the hub's way leave tied names out; the model itself says
-    which of its tensors are one, and loading one fills the other.
+    which of its tensors are one, and loading one fills the other. A tensor
+    on meta has no storage to compare, so there the Parameter object tells.
     """
     owner: dict[int, str] = {}
     for key, tensor in model_state.items():
         if key in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
-            owner.setdefault(tensor.data_ptr(), key)
+            owner.setdefault(_identity(tensor), key)
     for key, tensor in model_state.items():
         if key not in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
-            source = owner.get(tensor.data_ptr())
+            source = owner.get(_identity(tensor))
             if source is not None and tuple(model_state[source].shape) == tuple(tensor.shape):
                 loaded[key] = loaded[source]
+
+
+def _identity(tensor: Any) -> int:
+    return id(tensor) if tensor.is_meta else int(tensor.data_ptr())
 
 
 def _versions_for(model: torch.nn.Module, versions: Mapping[str, Any]) -> OrderedDict[str, Any]:

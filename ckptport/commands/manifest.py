@@ -33,17 +33,18 @@ from typing import Any
 from .._version import __version__
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
-from ..errors import InputError, OutputError
+from ..errors import CkptportError, InputError, OptionError, OutputError
 from ..parallel import run_all
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
 from ..rules import NormalizeOptions, apply_rules
+from ..rules.keys import recipe_from_json
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import format_path, iter_tensors
 
 __all__ = ["Manifest", "TensorEntry", "SCHEMA", "VERSION", "manifest", "build_manifest",
            "load_manifest", "write_manifest", "is_manifest", "compare_manifests",
-           "against_manifest", "WrittenDigests", "options_of"]
+           "against_manifest", "WrittenDigests", "options_of", "one_side", "tied_elsewhere"]
 
 SCHEMA = "ckptport.manifest"
 VERSION = 1
@@ -98,9 +99,16 @@ def weights_digest(entries: Iterable[TensorEntry]) -> str:
 
 
 def options_of(options: NormalizeOptions) -> dict[str, Any]:
-    return {"select": options.select, "ema": options.ema,
-            "strip_prefixes": list(options.strip_prefixes),
-            "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
+    """The options as the manifest records them; key surgery only when used (so manifests
+    made without it are as before, and older ckptport versions still read them)."""
+    made: dict[str, Any] = {"select": options.select, "ema": options.ema,
+                            "strip_prefixes": list(options.strip_prefixes),
+                            "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
+    keys = {"subtree": options.subtree, "keep": list(options.keep), "drop": list(options.drop),
+            "rename": [list(pair) for pair in options.rename],
+            "map": options.loaded_recipe.to_json() if options.loaded_recipe else None}
+    made.update((name, value) for name, value in keys.items() if value)
+    return made
 
 
 def _digest(leaf: Any) -> str:
@@ -178,11 +186,13 @@ def _first_duplicate(names: Iterable[str]) -> str | None:
 
 def manifest(src: str | os.PathLike[str] | Checkpoint,
              options: NormalizeOptions | None = None, *, jobs: int | None = None,
-             trust: bool = False, progress: Progress = no_progress) -> Manifest:
+             trust: bool = False, max_expansion: float | None = None,
+             progress: Progress = no_progress) -> Manifest:
     """Read ``src``, normalize it with ``options`` and list its weights (torch-free for zip,
     legacy, safetensors and shard sets, unless ``options`` cast)."""
     options = options or NormalizeOptions()
-    checkpoint = src if isinstance(src, Checkpoint) else open_checkpoint(src, trust=trust)
+    checkpoint = src if isinstance(src, Checkpoint) else \
+        open_checkpoint(src, trust=trust, max_expansion=max_expansion)
     normalized = apply_rules(checkpoint, options, lazy=True)
     return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress)
 
@@ -268,8 +278,9 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                          "corrupt)", target)
     try:
         manifest_options(made)
-    except ValueError as exc:
-        raise InputError(f"manifest field \"options\": {exc}", target) from None
+    except (ValueError, TypeError, CkptportError) as exc:
+        cause = exc.message if isinstance(exc, CkptportError) else exc
+        raise InputError(f"manifest field \"options\": {cause}", target) from None
     return made
 
 
@@ -305,13 +316,19 @@ class _Fields:
 def manifest_options(made: Manifest) -> NormalizeOptions:
     """The normalize options a manifest was made with (to make the artifact's alike)."""
     raw = dict(made.options)
-    known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype"}
+    known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype", "subtree", "keep",
+             "drop", "rename", "map"}
     unknown = set(raw) - known
     if unknown:
-        raise ValueError(f"unknown option {sorted(unknown)[0]!r}")
-    if "strip_prefixes" in raw:
-        raw["strip_prefixes"] = tuple(raw["strip_prefixes"])
-    return NormalizeOptions(**raw)
+        raise OptionError(f"unknown option {sorted(unknown)[0]!r}")
+    for name in ("keep", "drop"):
+        if name in raw:
+            raw[name] = tuple(raw[name])
+    if "rename" in raw:
+        raw["rename"] = tuple(tuple(pair) for pair in raw["rename"])
+    if "map" in raw:
+        raw["recipe"] = recipe_from_json(raw.pop("map"), "manifest options")
+    return NormalizeOptions(**raw)  # checks every field's type and value
 
 
 # -- comparing ------------------------------------------------------------------------
@@ -320,12 +337,31 @@ def manifest_options(made: Manifest) -> NormalizeOptions:
 Finding = tuple[str, str]  # tensor name, what differs
 
 
+def tied_elsewhere(entry: TensorEntry, other: Mapping[str, TensorEntry]) -> bool:
+    """Whether a name one side lacks is tied to a tensor that side holds, with the same
+    content: the hub leaves tied names (``lm_head.weight``) out of its files."""
+    return any(tie in other and (other[tie].sha256, other[tie].dtype, other[tie].shape)
+               == (entry.sha256, entry.dtype, entry.shape) for tie in entry.tied)
+
+
+def one_side(mine: Mapping[str, TensorEntry], theirs: Mapping[str, TensorEntry]
+             ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Names only in ``mine``: (differences, tied names the other side holds as a tie)."""
+    only = [n for n in mine if n not in theirs]
+    return (tuple(n for n in only if not tied_elsewhere(mine[n], theirs)),
+            tuple(n for n in only if tied_elsewhere(mine[n], theirs)))
+
+
 def compare_manifests(expected: Manifest, actual: Manifest) -> list[Finding]:
-    """Per tensor: missing, unexpected, dtype or shape changed, or content changed."""
+    """Per tensor: missing, unexpected, dtype or shape changed, or content changed.
+
+    A name one side lacks but records as tied to a tensor the other side
+    holds with the same digest is no finding (``diff`` lists it as a tie).
+    """
     want, have = expected.by_name(), actual.by_name()
-    found = [(name, "missing (the manifest lists it)") for name in want if name not in have]
+    found = [(name, "missing (the manifest lists it)") for name in one_side(want, have)[0]]
     found += [(name, "unexpected (the manifest does not list it)")
-              for name in have if name not in want]
+              for name in one_side(have, want)[0]]
     for name, entry in want.items():
         other = have.get(name)
         if other is None:

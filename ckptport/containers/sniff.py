@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import struct
 import tarfile
+from typing import Any
 
 from ..checkpoint import Format
 from ..errors import InputError
@@ -69,19 +70,84 @@ def _has_zip_directory(source: SourceFile) -> bool:
     return b"PK\x05\x06" in source.read(start, source.size - start)
 
 
+_HEAD = 1 << 20
+
+
+class _WholeFile:
+    """The file as the bytes-like ``scan`` walks, read in blocks as the walk reaches them.
+
+    ``torch.load`` reads a pickle as far as it goes, so the verdict must too; but a
+    pickle that skips a giant string needs none of the string's bytes, so only the
+    blocks opcodes land in are read (not the whole of a 70 GB file).
+    """
+
+    _BLOCK = 1 << 20
+
+    def __init__(self, source: SourceFile) -> None:
+        self.source, self.blocks = source, dict[int, bytes]()
+
+    def __len__(self) -> int:
+        return self.source.size
+
+    def _block(self, number: int) -> bytes:
+        block = self.blocks.get(number)
+        if block is None:
+            if len(self.blocks) > 64:
+                self.blocks.clear()
+            start = number * self._BLOCK
+            block = self.blocks[number] = self.source.read(
+                start, min(self._BLOCK, self.source.size - start))
+        return block
+
+    def __getitem__(self, item: int | slice) -> Any:
+        if isinstance(item, int):
+            if not 0 <= item < self.source.size:
+                raise IndexError(item)
+            return self._block(item // self._BLOCK)[item % self._BLOCK]
+        start, stop, _ = item.indices(self.source.size)
+        return self.source.read(start, max(0, stop - start))
+
+    def find(self, needle: bytes, start: int = 0, end: int | None = None) -> int:
+        end = self.source.size if end is None else min(end, self.source.size)
+        position = start
+        while position < end:
+            chunk = self[position:min(end, position + self._BLOCK + len(needle))]
+            found = chunk.find(needle)
+            if found >= 0:
+                return position + found
+            position += self._BLOCK
+        return -1
+
+    def index(self, needle: bytes, start: int = 0) -> int:
+        found = self.find(needle, start)
+        if found < 0:
+            raise ValueError("not found")
+        return found
+
+
 def torch_would_unpickle(source: SourceFile) -> bool:
     """Whether ``torch.load``'s pickle fallback would get past the file's first opcodes.
 
     True when the bytes start a complete pickle, or reach an opcode that
     imports or calls something before the first invalid one (a pickle runs
-    opcode by opcode, so a broken tail does not stop what came before).
+    opcode by opcode, so a broken tail does not stop what came before). The
+    pickle is followed as far as the file goes (a 71 MB polyglot hid its
+    payload past the first MiB), reading only what its opcodes land on.
     """
-    head = source.read(0, min(source.size, 1 << 20))
+    head = source.read(0, min(source.size, _HEAD))
+    data: Any = head
     try:
         scan(head, 0)
         return True
     except ScanError as exc:
-        return executes_before(head, exc.position)
+        if source.size <= len(head) or not exc.truncated:
+            return executes_before(head, exc.position)
+    data = _WholeFile(source)
+    try:
+        scan(data, 0)
+        return True
+    except ScanError as exc:
+        return executes_before(data, exc.position)
 
 
 def _safetensors_shaped(source: SourceFile, head: bytes) -> bool:

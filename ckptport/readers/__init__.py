@@ -20,20 +20,25 @@ import os
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..dtypes import DType
 from ..errors import CkptportError, CodeArchiveError, InputError
 from ..sources import SourceFile, check_regular, open_source
 from ..tensors import to_torch
-from ..tree import map_tree
+from ..tree import is_tensor, map_tree
+from ..unpickle.values import Device, Size
+from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
-from .dcp import DcpReader, is_dcp
+from .dcp import DcpReader, dcp_metadata, is_dcp
+from .deepspeed import DeepSpeedReader, is_deepspeed, tag_files, tag_folder
 from .legacy import LegacyReader
+from .ranks import RankFilesReader, rank_files
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "HF_WEIGHTS", "check_named"]
+           "HF_WEIGHTS", "is_rank_layout", "check_named"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -52,7 +57,13 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     target = given
     if given.is_dir():
         if is_dcp(given):
-            return Source(given, SourceKind.DCP, given, (given / ".metadata",), Format.DCP)
+            return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
+        tag = tag_folder(given)
+        if tag is not None:
+            return Source(given, SourceKind.DEEPSPEED, tag, tag_files(tag))
+        ranks = rank_files(given)
+        if ranks is not None:
+            return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
         index = find_index(given)
         target = index if index is not None else _hf_weights(given)
     if target.name.endswith(".index.json"):
@@ -74,6 +85,12 @@ def check_named(target: Path, fmt: Format | None) -> None:
                          "disagree; rename it", target)
 
 
+def is_rank_layout(folder: Path) -> bool:
+    """A DeepSpeed checkpoint or a folder of per-rank files: one checkpoint, not a folder
+    of them."""
+    return is_deepspeed(folder) or rank_files(folder) is not None
+
+
 def _hf_weights(folder: Path) -> Path:
     for name in HF_WEIGHTS:
         if (folder / name).exists():
@@ -84,12 +101,14 @@ def _hf_weights(folder: Path) -> Path:
 
 
 def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
-    return open_checkpoint(path, trust=options.trust, lenient=options.lenient)
+    return open_checkpoint(path, trust=options.trust, lenient=options.lenient,
+                           max_expansion=options.max_expansion)
 
 
 READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
                                SafetensorsReader(), ShardsReader(_load_file),
-                               DcpReader(_load_file))
+                               DcpReader(_load_file), DeepSpeedReader(_load_file),
+                               RankFilesReader(_load_file))
 
 
 def _reader_for(source: Source) -> Reader:
@@ -104,12 +123,21 @@ def _reader_for(source: Source) -> Reader:
 
 
 def open_checkpoint(path: str | os.PathLike[str] | Source, *, trust: bool = False,
-                    lenient: bool = False) -> Checkpoint:
-    """The checkpoint at ``path``, tensors described where the format allows (no torch)."""
+                    lenient: bool = False, max_expansion: float | None = None) -> Checkpoint:
+    """The checkpoint at ``path``, tensors described where the format allows (no torch).
+
+    Its tensors may stand for at most ``max_expansion`` times the file's bytes
+    (``readers.budget``): a strict read beyond that is an ``InputError``; a lenient one
+    (reports) keeps the count for ``check`` to report.
+    """
     source = path if isinstance(path, Source) else resolve(path)
-    options = ReadOptions(trust=trust, lenient=lenient)
+    ratio = budget.ratio_of(max_expansion)
+    options = ReadOptions(trust=trust, lenient=lenient, max_expansion=ratio)
     try:
-        return _reader_for(source).load(source, options)
+        checkpoint = _reader_for(source).load(source, options)
+        if not lenient:
+            budget.enforce(checkpoint, ratio)
+        return checkpoint
     except RecursionError:
         raise InputError("the checkpoint nests too deeply to read", source.main) from None
     except CodeArchiveError:
@@ -156,6 +184,8 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     made: dict[int, object] = {}
 
     def leaf(path: tuple[object, ...], value: object) -> object:
+        if type(value) in _PLAIN:  # most leaves of a big tree: nothing to make
+            return value
         if id(value) not in made:
             made[id(value)] = _torch_value(value, storages)
         return made[id(value)]
@@ -163,29 +193,25 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     return checkpoint.with_tree(map_tree(checkpoint.tree, leaf))
 
 
-def _torch_value(value: object, storages: dict[int, object]) -> object:
-    from ..dtypes import DType
-    from ..tree import is_tensor
-    from ..unpickle.values import Device, Size
+_PLAIN = frozenset({int, float, str, bool, bytes, complex, type(None)})
 
+
+def _torch_value(value: object, storages: dict[int, object]) -> object:
     if is_tensor(value):
         return to_torch(value, storages)
-    if isinstance(value, Size):
+    if isinstance(value, (Size, Device)):
         import torch
 
-        return torch.Size(value)
-    if isinstance(value, Device):
-        import torch
-
-        return torch.device(str(value))
+        return torch.Size(value) if isinstance(value, Size) else torch.device(str(value))
     if isinstance(value, DType):
         return value.to_torch()
     return value
 
 
-def read(path: str | os.PathLike[str], *, trust: bool = False) -> Checkpoint:
+def read(path: str | os.PathLike[str], *, trust: bool = False,
+         max_expansion: float | None = None) -> Checkpoint:
     """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
-    return materialize(open_checkpoint(path, trust=trust))
+    return materialize(open_checkpoint(path, trust=trust, max_expansion=max_expansion))
 
 
 def describe(path: str | os.PathLike[str]) -> Checkpoint:

@@ -40,12 +40,15 @@ class ReadOptions:
 
     trust: bool = False
     lenient: bool = False
+    max_expansion: float | None = None  # readers.budget's ratio (None: the default)
 
 
 class SourceKind(str, enum.Enum):
     FILE = "file"
     SHARDS = "shards"
     DCP = "dcp"
+    DEEPSPEED = "deepspeed"
+    RANKS = "ranks"
 
 
 @dataclass(frozen=True)
@@ -130,4 +133,6 @@ def pickle_facts(path: Path, fmt: Format, size: int, tree: Any,
         shared_storages=shared_storages(tree) if any(u.shares_storages for u in pickles) else (),
         metadata=metadata or {}, trusted=trusted, refused_globals=tuple(dangerous),
         files=files, spellings={k: v for k, v in names.items() if k != v},
-        unproven=tuple(unproven))
+        unproven=tuple(unproven), materialized=sum(u.materialized for u in pickles),
+        largest=tuple(sorted((item for u in pickles for item in u.largest),
+                             key=lambda item: -item[1])[:3]))

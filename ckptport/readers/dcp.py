@@ -39,7 +39,8 @@ from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
 from .base import ReadOptions, Source, SourceKind
 
-__all__ = ["DcpReader", "is_dcp", "read_dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
+__all__ = ["DcpReader", "is_dcp", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE",
+           "LIGHTNING_META"]
 
 METADATA_FILE = ".metadata"
 LIGHTNING_META = "meta.pt"
@@ -50,7 +51,19 @@ LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 
 def is_dcp(folder: Path) -> bool:
-    return (folder / METADATA_FILE).is_file()
+    """A DCP folder: its ``.metadata``, or ``*.distcp`` data files that lost it (one checkpoint
+    either way; reading the second is an error naming what is missing)."""
+    return (folder / METADATA_FILE).is_file() or any(folder.glob("*.distcp"))
+
+
+def dcp_metadata(folder: Path) -> Path:
+    """The folder's ``.metadata``; an ``InputError`` when only its data files are there."""
+    path = folder / METADATA_FILE
+    if not path.exists() and not path.is_symlink():
+        raise InputError("holds DCP data files (*.distcp) but no .metadata: a "
+                         "torch.distributed.checkpoint folder is read from its .metadata",
+                         folder)
+    return path
 
 
 def _allowed() -> dict[str, Any]:
@@ -99,7 +112,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_dcp_metadata(folder: Path) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
-    path = folder / METADATA_FILE
+    path = dcp_metadata(folder)
     check_regular(path)
     try:
         data = path.read_bytes()

@@ -48,28 +48,46 @@ class _Layout:
     def __init__(self, source: SourceFile, options: ReadOptions) -> None:
         self.source, self.options = source, options
         self.data = source.read(0, min(source.size, _FIRST_READ))
+        self.read: list[Unpickled] = []  # every pickle read so far, for what they would run
 
-    def pickle(self, start: int, storage: StorageHook | None = None,
-               lenient: bool = False) -> Unpickled:
-        """The pickle at ``start``, reading more of the file while it runs past what is read."""
+    def pickle(self, start: int, storage: StorageHook | None = None) -> Unpickled:
+        """The pickle at ``start``, reading more of the file while it runs past what is read.
+
+        Every one of the five is read alike (leniently for reports): ``torch.load`` runs
+        each, so a payload in the magic-number pickle is named like one in the object."""
         while True:
             try:
-                return unpickle(self.data, start, storage=storage, lenient=lenient)
+                done = unpickle(self.data, start, storage=storage, lenient=self.options.lenient,
+                                module_sources=storage is not None)
+                self.read.append(done)
+                return done
             except PickleRefused as exc:
-                if exc.position is None or exc.position < len(self.data) or \
-                        len(self.data) == self.source.size:
+                if not exc.truncated or len(self.data) == self.source.size:
                     raise
             self.data = self.source.read(0, min(self.source.size, 4 * len(self.data)))
 
-    def load(self) -> tuple[Unpickled, int]:
-        """The object pickle, read with every storage located; and the file's end."""
-        magic = self.pickle(0, lenient=self.options.lenient)
+    def load(self) -> tuple[Unpickled, list[Unpickled]]:
+        """The object pickle, read with every storage located; and all five pickles.
+
+        An error after a pickle that names code-running globals still names them:
+        ``torch.load`` would have run that pickle before failing."""
+        try:
+            return self._load()
+        except InputError as exc:
+            met = [name for done in self.read for name in done.dangerous]
+            exc.dangerous = tuple(dict.fromkeys((*exc.dangerous, *(n.resolved for n in met))))
+            exc.spellings = {**exc.spellings,
+                             **{n.resolved: n.raw for n in met if n.raw != n.resolved}}
+            raise
+        except PickleRefused as exc:
+            exc.seen = (*exc.seen, *(name for done in self.read for name in done.dangerous))
+            raise
+
+    def _load(self) -> tuple[Unpickled, list[Unpickled]]:
+        magic = self.pickle(0)
         if magic.value != LEGACY_MAGIC:
-            error = InputError(f"not a torch checkpoint: the file is a bare pickle of "
-                               f"{_shown(magic.value)} (torch.load would run it, then fail)")
-            error.dangerous = tuple(name.resolved for name in magic.dangerous)
-            error.spellings = {n.resolved: n.raw for n in magic.dangerous if n.raw != n.resolved}
-            raise error
+            raise InputError(f"not a torch checkpoint: the file is a bare pickle of "
+                             f"{_shown(magic.value)} (torch.load would run it, then fail)")
         protocol = self.pickle(magic.scan.end)
         info = self.pickle(protocol.scan.end)
         if protocol.value != LEGACY_PROTOCOL:
@@ -84,20 +102,11 @@ class _Layout:
             return StorageInfo(key, location, dtype, numel * dtype.itemsize,
                                Blob.of_bytes(b""))
 
-        first = self.pickle(start, learn, lenient=self.options.lenient)
-        try:
-            keys = self.pickle(first.scan.end)
-            if not isinstance(keys.value, list) or not all(isinstance(k, str)
-                                                           for k in keys.value):
-                raise InputError("malformed storage key list")
-            offsets = self._offsets(keys.scan.end, keys.value, declared)
-        except InputError as exc:  # name what the object pickle would run, even so
-            exc.dangerous = tuple(name.resolved for name in first.dangerous)
-            exc.spellings = {n.resolved: n.raw for n in first.dangerous if n.raw != n.resolved}
-            raise
-        except PickleRefused as exc:
-            exc.seen = (*exc.seen, *first.dangerous)
-            raise
+        first = self.pickle(start, learn)
+        keys = self.pickle(first.scan.end)
+        if not isinstance(keys.value, list) or not all(isinstance(k, str) for k in keys.value):
+            raise InputError("malformed storage key list")
+        offsets = self._offsets(keys.scan.end, keys.value, declared)
 
         def locate(key: str, dtype: DType, location: str, numel: int) -> StorageInfo:
             if key not in offsets:
@@ -106,7 +115,9 @@ class _Layout:
             return StorageInfo(key, location, dtype, nbytes,
                                Blob(self.source, offsets[key], nbytes, name=f"storage {key}"))
 
-        return self.pickle(start, locate, lenient=self.options.lenient), keys.scan.end
+        found = self.pickle(start, locate)
+        self.read.remove(first)  # read again with the storages located: ``found``
+        return found, self.read
 
     def _offsets(self, pos: int, keys: list[str], declared: dict[str, _Declared]
                  ) -> dict[str, int]:
@@ -151,10 +162,10 @@ class LegacyReader:
             return load_trusted(source.main, self.format)
         assert source.file is not None
         try:
-            unpickled, _ = _Layout(source.file, options).load()
+            unpickled, pickles = _Layout(source.file, options).load()
         except PickleRefused as exc:
             raise refusal(exc, source.main) from None
         except InputError as exc:
             raise exc.at(source.main) from None
         return Checkpoint(unpickled.value, pickle_facts(
-            source.main, self.format, source.file.size, unpickled.value, [unpickled]))
+            source.main, self.format, source.file.size, unpickled.value, pickles))

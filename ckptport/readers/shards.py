@@ -46,6 +46,8 @@ class ShardsReader:
         refused: dict[str, None] = {}
         unproven: dict[str, None] = {}
         notes: list[str] = []
+        materialized = 0
+        largest: list[tuple[str, int]] = []
         for shard in index.shards:
             part = self.load_file(shard, options)
             state = part.tree
@@ -70,6 +72,8 @@ class ShardsReader:
             refused.update(dict.fromkeys(facts.refused_globals))
             unproven.update(dict.fromkeys(facts.unproven))
             shared += facts.shared_storages
+            materialized += facts.materialized
+            largest += facts.largest
             notes += [f"{shard.name}: {note}" for note in facts.notes]
         missing = [key for key in index.weight_map if key not in owner]
         if missing:
@@ -86,4 +90,5 @@ class ShardsReader:
             storage_locations=dict(sorted(locations.items())), globals=tuple(found),
             shared_storages=tuple(shared), trusted=options.trust, files=source.files,
             spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
-            notes=tuple(notes)))
+            notes=tuple(notes), materialized=materialized,
+            largest=tuple(sorted(largest, key=lambda item: -item[1])[:3])))

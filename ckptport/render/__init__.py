@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..commands.check import CheckReport
-from ..commands.diff import DiffReport
-from ..commands.folder import FolderReport
-from ..commands.inspection import InspectReport
-from ..commands.manifest import Manifest
-from ..commands.normalize import NormalizeReport
+if TYPE_CHECKING:
+    from ..commands.check import CheckReport
+    from ..commands.diff import DiffReport
+    from ..commands.folder import FolderReport
+    from ..commands.inspection import InspectReport
+    from ..commands.manifest import Manifest
+    from ..commands.normalize import NormalizeReport
+
 
 __all__ = ["ReportFormat", "Formatter", "FORMATTERS", "formatter", "formats_for"]
 

@@ -7,9 +7,13 @@ plain text one, which is what a CI log should show.
 
 from __future__ import annotations
 
-from ..commands.check import CheckReport
+from typing import TYPE_CHECKING
+
 from ..escape import printable
 from .text import TextFormatter, check_summary
+
+if TYPE_CHECKING:
+    from ..commands.check import CheckReport
 
 __all__ = ["GithubFormatter"]
 

@@ -9,16 +9,18 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..commands.check import CheckReport
-from ..commands.diff import DiffReport
-from ..commands.folder import FolderReport
-from ..commands.inspection import InspectReport
-from ..commands.manifest import Manifest
-from ..commands.normalize import NormalizeReport
 from ..remote import meter
+
+if TYPE_CHECKING:
+    from ..commands.check import CheckReport
+    from ..commands.diff import DiffReport
+    from ..commands.folder import FolderReport
+    from ..commands.inspection import InspectReport
+    from ..commands.manifest import Manifest
+    from ..commands.normalize import NormalizeReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 
@@ -67,6 +69,8 @@ class JsonFormatter:
             "source": source,
             "selection": jsonable(dict(selected.details)) if selected else {},
             "rules": [jsonable(r) for r in report.rules],
+            "map_sha256": report.map_sha256,
+            "metadata_kept": list(report.metadata_kept),
             "output": jsonable(report.output),
             **_network(),
         }

@@ -7,8 +7,12 @@ Only ``diff`` has a markdown form; every other report is the text one.
 
 from __future__ import annotations
 
-from ..commands.diff import DiffReport
+from typing import TYPE_CHECKING
+
 from .text import DIFF_LIMIT, Section, TextFormatter, diff_context, diff_sections, joined
+
+if TYPE_CHECKING:
+    from ..commands.diff import DiffReport
 
 __all__ = ["MarkdownFormatter"]
 

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..commands.check import CheckReport
-from ..commands.diff import DiffReport, TensorDelta, format_number
-from ..commands.folder import FolderReport
-from ..commands.inspection import InspectReport, LayoutNode
-from ..commands.manifest import Manifest
-from ..commands.normalize import NormalizeReport
 from ..escape import printable
-from ..rules import RuleResult
 from ..tensors import human_bytes
+
+if TYPE_CHECKING:
+    from ..commands.check import CheckReport
+    from ..commands.diff import DiffReport, TensorDelta
+    from ..commands.folder import FolderReport
+    from ..commands.inspection import InspectReport, LayoutNode
+    from ..commands.manifest import Manifest
+    from ..commands.normalize import NormalizeReport
+    from ..rules import RuleResult
 
 __all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
            "check_summary"]
@@ -74,6 +76,10 @@ class TextFormatter:
         ]
         for result in report.rules:
             lines += _rule_lines(result)
+        if report.map_sha256:
+            lines.append(f"  map: recipe sha256 {report.map_sha256}")
+        if report.metadata_kept:
+            lines.append(f"  metadata: carried the source's {', '.join(report.metadata_kept)}")
         lines += [f"  note: {note}" for note in (*src.notes, *out.notes)]
         return joined(lines)
 
@@ -226,6 +232,8 @@ _DELTA_HEADER = ("key", "dtype", "differing", "max |Δ|", "max rel", "at", "A", 
 
 
 def _delta_row(delta: TensorDelta) -> tuple[str, ...]:
+    from ..commands.diff import format_number
+
     dtype = delta.dtype_a if delta.dtype_a == delta.dtype_b else f"{delta.dtype_a}/{delta.dtype_b}"
     return (delta.key, dtype, f"{delta.differing} of {delta.numel}",
             format_number(delta.max_abs), format_number(delta.max_rel), str(list(delta.index)),

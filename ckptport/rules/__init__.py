@@ -2,8 +2,8 @@
 
 The order matters and is fixed: pick the weights first (so later rules see
 only what will be written), map storages to the CPU, turn objects into
-plain data, strip wrapper prefixes, cast, then compact storages (which must
-see the final tensors).
+plain data, strip wrapper prefixes, key surgery (subtree, keep/drop,
+rename), cast, then compact storages (which must see the final tensors).
 
 To add a rule: write a module with a frozen dataclass that has a ``name``
 and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
@@ -12,13 +12,16 @@ and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
+from ..errors import OptionError, RuleError
 from ..tree import is_state_dict
 from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
+from .keys import Recipe, Step, compile_rename, key_rules, load_recipe, recipe_of
 from .objects import ConvertObjects
 from .prefixes import AUTO, StripPrefixes, normalize_prefix, strip_key
 from .select import EMA_MODES, Select
@@ -32,42 +35,100 @@ __all__ = [
     "build_rules",
     "Change",
     "NormalizeRule",
-    "Rule",
     "RuleResult",
     "CAST_CHOICES",
     "EMA_MODES",
     "strip_key",
     "is_state_dict",
+    "Recipe",
+    "load_recipe",
 ]
-
-Rule = NormalizeRule  # the name round 1 exported
-
 
 @dataclass(frozen=True)
 class NormalizeOptions:
     """The options ``normalize``, ``diff``, ``check --against`` and ``manifest`` share.
 
     ``ema``: ``off``, ``require`` (the ``--ema`` flag: an error when the file
-    holds no EMA weights) or ``prefer``; ``True``/``False`` mean
-    ``require``/``off``. ``strip_prefixes`` may hold ``auto``; ``model``
-    means ``model.``.
+    holds no EMA weights) or ``prefer``. ``strip_prefixes`` may hold
+    ``auto``; ``model`` means ``model.``. Every field is checked here, so a
+    bad value from the API or a manifest is an ``OptionError`` naming it.
+
+    Key surgery (``rules/keys.py``) runs after prefix stripping, in this
+    order: ``subtree`` (keep the keys under it, stripped), ``keep`` then
+    ``drop`` (shell-style globs), ``rename`` ((pattern, replacement) regex
+    pairs, in order). ``recipe`` (``--map FILE``: a ``Recipe`` or the path of
+    its TOML/JSON file) holds such steps in its own order instead; the two
+    cannot be combined. A bad pattern or recipe is a ``RuleError`` here.
     """
 
     select: str = "auto"
-    ema: str | bool = "off"
+    ema: str = "off"
     strip_prefixes: tuple[str, ...] = ()
     keep_prefixes: bool = False
     dtype: str = "keep"
+    subtree: str | None = None
+    keep: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    rename: tuple[tuple[str, str], ...] = ()
+    recipe: Recipe | str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in CAST_CHOICES:
-            raise ValueError(f"dtype must be one of {', '.join(CAST_CHOICES)}, not {self.dtype!r}")
-        ema = self.ema if isinstance(self.ema, str) else ("require" if self.ema else "off")
-        if ema not in EMA_MODES:
-            raise ValueError(f"ema must be one of {', '.join(EMA_MODES)}, not {self.ema!r}")
-        object.__setattr__(self, "ema", ema)
+        _check(isinstance(self.select, str) and bool(self.select), "select",
+               "a non-empty string", self.select)
+        _check(self.ema in EMA_MODES, "ema", f"one of {', '.join(EMA_MODES)}", self.ema)
+        _check(type(self.keep_prefixes) is bool, "keep_prefixes", "true or false",
+               self.keep_prefixes)
+        _check(self.dtype in CAST_CHOICES, "dtype", f"one of {', '.join(CAST_CHOICES)}",
+               self.dtype)
+        prefixes = self.strip_prefixes
+        _check(isinstance(prefixes, (tuple, list)) and all(
+            isinstance(p, str) and p for p in prefixes), "strip_prefixes",
+               "a list of non-empty strings", prefixes)
         object.__setattr__(self, "strip_prefixes",
-                           tuple(normalize_prefix(p) for p in self.strip_prefixes))
+                           tuple(normalize_prefix(p) for p in prefixes))
+        self._check_keys()
+
+    def _check_keys(self) -> None:
+        """Key-surgery options as tuples, every pattern and the recipe checked."""
+        if self.subtree is not None and not (isinstance(self.subtree, str)
+                                             and self.subtree.strip(".")):
+            raise RuleError(f"--subtree {self.subtree!r}: name a module path (backbone)")
+        for option in ("keep", "drop"):
+            patterns = getattr(self, option)
+            patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+            if not all(isinstance(p, str) and p for p in patterns):
+                raise RuleError(f"--{option}: each pattern is a non-empty string")
+            object.__setattr__(self, option, patterns)
+        pairs = []
+        for pair in self.rename:
+            if isinstance(pair, str) or len(pair) != 2 or \
+                    not all(isinstance(x, str) for x in pair):
+                raise RuleError(f"--rename {pair!r}: give (PATTERN, REPLACEMENT)")
+            compile_rename(*pair)
+            pairs.append((pair[0], pair[1]))
+        object.__setattr__(self, "rename", tuple(pairs))
+        if self.recipe is not None and not isinstance(self.recipe, Recipe):
+            object.__setattr__(self, "recipe", load_recipe(self.recipe))
+        if self.recipe is not None and (self.subtree or self.keep or self.drop or self.rename):
+            raise RuleError("--map holds the key steps in its own order; put --subtree, "
+                            "--keep, --drop and --rename steps into the recipe instead",
+                            self.loaded_recipe.path if self.loaded_recipe else None)
+
+    @property
+    def loaded_recipe(self) -> Recipe | None:
+        return self.recipe if isinstance(self.recipe, Recipe) else None
+
+    @property
+    def key_steps(self) -> tuple[Step, ...]:
+        """The key-surgery steps in the order they run."""
+        if self.loaded_recipe is not None:
+            return self.loaded_recipe.steps
+        return recipe_of(self.subtree, self.keep, self.drop, self.rename)
+
+
+def _check(ok: bool, name: str, expected: str, value: object) -> None:
+    if not ok:
+        raise OptionError(f"normalize option {name} must be {expected}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -84,12 +145,13 @@ def build_rules(options: NormalizeOptions, *, lazy: bool = False,
                 require_prefix_match: bool = True) -> list[NormalizeRule]:
     """The rules in order; ``lazy`` leaves every copy to the writers (``Pending`` leaves)."""
     return [
-        Select(options.select, str(options.ema),
+        Select(options.select, options.ema,
                hint=not any(p in ("model.", AUTO) for p in options.strip_prefixes)),
         MapToCPU(),
         ConvertObjects(),
         StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes,
                       require_match=require_prefix_match),
+        *key_rules(options.key_steps, require_match=require_prefix_match),
         CastDtype(options.dtype, lazy=lazy),
         CompactTensors(lazy=lazy),
     ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..tensors import StorageInfo, TensorInfo, location
+from ..tensors import Pending, StorageInfo, TensorInfo, location
 from ..tree import is_tensor, map_tree
 from .base import Change, RuleResult
 
@@ -31,6 +31,8 @@ class MapToCPU:
         def to_cpu(path: tuple[Any, ...], value: Any) -> Any:
             if not is_tensor(value) or location(value) == "cpu":
                 return value
+            if isinstance(value, Pending):  # a lazy view read from the file: its source
+                return replace(value, source=to_cpu(path, value.source))
             if isinstance(value, TensorInfo):
                 storage = storages.get(id(value.storage))
                 if storage is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -125,7 +126,14 @@ class _Converter:
         """One step toward plain data, and a note when the step loses something."""
         for test, convert in _CONVERSIONS:
             if test(value):
-                return convert(value)
+                try:
+                    with warnings.catch_warnings():  # numpy's overflow notes: not the user's
+                        warnings.simplefilter("ignore")
+                        return convert(value)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    raise RuleError(f"{format_path(path)} holds {_a(type_name(value))} that "
+                                    f"cannot become plain data: {exc}",
+                                    self.checkpoint.source.path) from None
         if isinstance(value, ObjectRecord):
             config = _omegaconf(value)
             if config is not _NOT_CONFIG:
@@ -173,6 +181,8 @@ def _array(array: Any) -> tuple[Any, str]:
         else array
     match = next((d for d in DTYPES.values() if d.numpy and np.dtype(d.numpy) == native.dtype),
                  None)
+    if match is None and not array.size:
+        _bounded_empty(array.shape)
     if match is None:
         if array.dtype.kind in "Mm":
             return np.datetime_as_string(array).tolist() if array.dtype.kind == "M" else \
@@ -184,6 +194,25 @@ def _array(array: Any) -> tuple[Any, str]:
     shape = tuple(int(n) for n in array.shape)
     storage = StorageInfo("numpy", "cpu", match, len(data), Blob.of_bytes(data, "numpy array"))
     return TensorInfo(match, shape, contiguous_strides(shape), 0, storage), ""
+
+
+MAX_EMPTY_ROWS = 1 << 20  # empty lists an empty array may become (it holds no bytes)
+
+
+def _bounded_empty(shape: tuple[int, ...]) -> None:
+    """An empty array becomes nested empty lists: as many as its shape claims, from no data.
+
+    ``S4`` of shape (30000000, 0) is 30 M lists from a few bytes of pickle.
+    """
+    rows, made = 1, 0
+    for size in shape:
+        if not size:
+            break
+        rows *= size
+        made += rows
+        if made > MAX_EMPTY_ROWS:
+            raise ValueError(f"an empty array of shape {shape} would become more than "
+                             f"{MAX_EMPTY_ROWS} empty lists (it holds no values)")
 
 
 def _torch_value(value: Any) -> tuple[Any, str]:

@@ -4,9 +4,10 @@ Training checkpoints wrap the weights in a dict with an optimizer, an epoch
 and arguments; some files are a whole pickled model, or a dict of models
 (ultralytics keeps ``model`` and ``ema``). ``auto`` looks for the names
 trainers use, then for a model recorded whole (its state dict rebuilt from
-the record, ``rules.modules``), then for the dict of tensors holding the most
-bytes anywhere in the tree, and always reports what it picked and what else
-was there — never a silent guess.
+the record, ``rules.modules``), then for the one dict of tensors outside
+optimizer state anywhere in the tree; when there are several, it is an error
+listing them (optimizer moments are never weights, and a guess by size once
+picked them). It always reports what it picked and what else was there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..errors import SelectionError
-from ..tensors import nbytes
+from ..tensors import human_bytes, nbytes
 from ..tree import (
     KeyPath,
     ObjectRecord,
@@ -25,7 +26,6 @@ from ..tree import (
     format_path,
     is_state_dict,
     is_tensor,
-    iter_nodes,
     type_name,
 )
 from .base import Change, RuleResult
@@ -39,6 +39,11 @@ MMENGINE_EMA_ORIGINALS = "ema_state_dict"
 EMA_MODES = ("off", "require", "prefer")
 LIGHTNING_VERSION_KEYS = ("pytorch-lightning_version", "lightning_version")
 LIGHTNING_PREFIX = "model."
+# keys trainers keep optimizer and scheduler state under (never the weights)
+OPTIMIZER_KEYS = frozenset({"optimizer", "optimizers", "optimizer_states", "optimizer_state",
+                            "optimizer_state_dict", "optim", "optim_state", "opt",
+                            "scheduler", "schedulers", "lr_scheduler", "lr_schedulers",
+                            "scaler", "amp"})
 
 
 def _bytes(value: Mapping[str, Any]) -> int:
@@ -98,14 +103,20 @@ class Select:
         model = _whole_model(tree)
         if model is not None:
             return model
-        candidates = [(p, v) for p, v in iter_nodes(tree) if is_state_dict(v)]
+        candidates = _candidates(tree)
+        if len(candidates) == 1:
+            return _Pick(candidates[0][0], "the only dict of tensors outside optimizer state")
         if not candidates:
+            _one_rank(tree, checkpoint.source.path)
             raise SelectionError(f"--select auto found no state dict: the checkpoint is "
-                                 f"{_a(tree)} holding no dict of tensors and no recorded "
-                                 "model; use --select all or --select KEY",
-                                 checkpoint.source.path)
-        path, _ = max(candidates, key=lambda item: _bytes(item[1]))
-        return _Pick(path, "the dict of tensors holding the most bytes")
+                                 f"{_a(tree)} holding no dict of tensors (outside optimizer "
+                                 "state) and no recorded model; use --select all or --select "
+                                 "KEY", checkpoint.source.path)
+        listing = ", ".join(f"{format_path(p)} ({len(v)} entries, {human_bytes(_bytes(v))})"
+                            for p, v in candidates[:8])
+        raise SelectionError(f"--select auto cannot tell which dict of tensors holds the "
+                             f"weights: {listing}{' …' if len(candidates) > 8 else ''}; name "
+                             "one with --select KEY (or --select all)", checkpoint.source.path)
 
     def _result(self, pick: _Pick, tree: Any, notes: tuple[str, ...]) -> RuleResult:
         others = [str(k) for k, _ in (children(tree) or ()) if not pick.path or k != pick.path[0]]
@@ -122,6 +133,40 @@ class Select:
         return RuleResult(self.name, changes, summary, details={
             "picked": picked, "reason": pick.reason, "others": others if pick.path else [],
             "module": pick.module, "notes": list(notes)})
+
+
+def is_optimizer_state(value: Any) -> bool:
+    """An optimizer's ``state_dict()``: its tensors are moments and steps, never weights."""
+    return isinstance(value, Mapping) and "state" in value and "param_groups" in value
+
+
+def _one_rank(tree: Any, path: Any) -> None:
+    """A state dict of one rank's shards (FSDP, DTensor) is not the model: say what is."""
+    from ..readers.ranks import one_rank
+
+    shard = one_rank(tree)
+    if shard is not None:
+        key, layout = shard
+        raise SelectionError(f"{key!r} is rank {layout.rank}'s shard of a tensor sharded over "
+                             f"{layout.world} ranks: this file is one rank's part of a sharded "
+                             "state dict; normalize the folder of all rank files "
+                             "(model_rank0.pt, model_rank1.pt, ...) as one checkpoint", path)
+
+
+def _candidates(tree: Any) -> list[tuple[KeyPath, Any]]:
+    """Every dict of tensors in the tree, outside optimizer (and scheduler) state."""
+    found: list[tuple[KeyPath, Any]] = []
+    stack: list[tuple[KeyPath, Any]] = [((), tree)]
+    while stack:
+        path, node = stack.pop()
+        if is_optimizer_state(node) or (path and str(path[-1]).lower() in OPTIMIZER_KEYS):
+            continue
+        if is_state_dict(node):
+            found.append((path, node))
+            continue
+        below = children(node) if not is_tensor(node) else None
+        stack.extend(((*path, key), child) for key, child in reversed(below or ()))
+    return found
 
 
 def _ema(tree: Any) -> _Pick | None:

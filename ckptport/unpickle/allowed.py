@@ -18,9 +18,19 @@ from functools import cache
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from .distributed_values import distributed_table
 from .numpy_values import numpy_table
 from .torch_values import torch_table
-from .values import Allowed, BytesRecord, DefaultDict, Marker, Namespace, Recorded, Refusal
+from .values import (
+    Allowed,
+    BytesRecord,
+    DefaultDict,
+    Marker,
+    Namespace,
+    Recorded,
+    Refusal,
+    record_class,
+)
 
 __all__ = ["table", "allowed_names"]
 
@@ -120,6 +130,20 @@ def _path(kind: type) -> Callable[..., str]:
     return build
 
 
+def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
+    """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
+    (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
+    ckptport's inert stand-in of a class, never a real object, so the result is an
+    inert reference too: a stand-in named ``Class.NAME``. Anything else is refused."""
+    if default or not (isinstance(target, type) and issubclass(target, Recorded)
+                       and not target.dangerous and isinstance(name, str)
+                       and name.isidentifier() and not name.startswith("__")):
+        raise Refusal("the file calls builtins.getattr on something other than a recorded "
+                      "class's plain attribute: full unpickling reaches anything that way")
+    return record_class(f"{target.record_name}.{name}", False, target.registry,
+                        target.lenient)
+
+
 def _new(cls: Any, args: tuple[Any, ...]) -> Any:
     """What ``cls.__new__(cls, *args)`` makes, for the classes a pickle may create that way."""
     if isinstance(cls, type) and issubclass(cls, Recorded):
@@ -162,6 +186,7 @@ def _plain_table() -> dict[str, Any]:
         "builtins.complex": Allowed("builtins.complex", _complex),
         "builtins.slice": Allowed("builtins.slice", _slice),
         "builtins.object": Marker("builtins.object", "type"),
+        "builtins.getattr": Allowed("builtins.getattr", _getattr),
         "_codecs.encode": Allowed("_codecs.encode", _encode),
         "copyreg._reconstructor": Allowed("copyreg._reconstructor", _reconstructor),
         "copyreg.__newobj__": Allowed("copyreg.__newobj__", _newobj),
@@ -190,7 +215,7 @@ def _plain_table() -> dict[str, Any]:
 @cache
 def table() -> dict[str, Any]:
     """Qualified name -> what a pickle gets for it."""
-    return {**_plain_table(), **torch_table(), **numpy_table()}
+    return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table()}
 
 
 def allowed_names() -> frozenset[str]:

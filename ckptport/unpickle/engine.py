@@ -54,6 +54,7 @@ REFUSED_PREFIX = "refused: the file needs globals outside the weights-only allow
 SAFE_TUPLE_DEPTH = 20_000  # nesting the default C stack survives with a wide margin
 STACK_BYTES_PER_LEVEL = 160
 MAX_STACK = 1 << 30
+_MAX_LEVELS = (MAX_STACK - (8 << 20)) // STACK_BYTES_PER_LEVEL  # what the biggest stack holds
 _STORAGE_KEY = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _LOCATION = re.compile(r"[a-z_]{1,32}(:\d{1,6})?")
 
@@ -68,11 +69,13 @@ class PickleRefused(Exception):
     """
 
     def __init__(self, message: str, names_: tuple[Name, ...] = (),
-                 seen: tuple[Name, ...] = (), position: int | None = None) -> None:
+                 seen: tuple[Name, ...] = (), position: int | None = None,
+                 truncated: bool = False) -> None:
         super().__init__(message)
         self.names = names_
         self.seen = seen
         self.position = position
+        self.truncated = truncated  # the data ran out: a longer read may complete it
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class Unpickled:
     calls: tuple[str, ...] = ()  # recorded calls normalize refuses
     storages: dict[str, StorageInfo] = field(default_factory=dict)
     shares_storages: bool = False  # some storage is referenced by more than one tensor
+    materialized: int = 0  # bytes its tensors hold once made real, each view on its own
+    largest: tuple[tuple[str, int], ...] = ()  # its biggest tensors: (path, bytes)
 
 
 # -- one load -------------------------------------------------------------------------
@@ -95,8 +100,10 @@ class Unpickled:
 class _Load:
     """The state of unpickling one pickle: what it named, made and asked for."""
 
-    def __init__(self, protocol: int, storage: StorageHook | None, lenient: bool) -> None:
+    def __init__(self, protocol: int, storage: StorageHook | None, lenient: bool,
+                 module_sources: bool = False) -> None:
         self.protocol, self.storage_hook, self.lenient = protocol, storage, lenient
+        self.module_sources = module_sources
         self.table = table()
         self.allowed = allowed_names()
         self.seen: dict[str, Name] = {}
@@ -129,7 +136,10 @@ class _Load:
             self.classes[resolved.resolved] = made
         return made
 
-    def persistent(self, pid: Any) -> StorageRef:
+    def persistent(self, pid: Any) -> Any:
+        if self.module_sources and isinstance(pid, tuple) and pid and \
+                pid[0] in ("module", b"module"):
+            return _module_class(pid)
         if not isinstance(pid, tuple) or not pid or pid[0] not in ("storage", b"storage"):
             shown = pid[0] if isinstance(pid, tuple) and pid else type(pid).__name__
             raise Refusal(f"a persistent id other than a storage ({shown!r})")
@@ -159,6 +169,17 @@ class _Load:
         ref = StorageRef(info, dtype)
         self.storages[key] = ref
         return ref
+
+
+def _module_class(pid: tuple[Any, ...]) -> Any:
+    """A legacy file's ``('module', class, source_file, source)``: torch.save(model) records
+    each module class's source this way and ``torch.load`` only compares it with the
+    installed source (a warning). The class is the data: the stand-in ``find_class`` made."""
+    if len(pid) != 4 or not (isinstance(pid[1], type) and issubclass(pid[1], Recorded)) or \
+            not all(part is None or isinstance(part, (str, bytes)) for part in pid[2:]):
+        raise Refusal("a persistent id other than a storage or a module class's source record "
+                      "('module', class, file, source)")
+    return pid[1]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -205,7 +226,7 @@ def bounded(data: bytes, found: Scan, unpickler: Callable[[Any], Any]) -> Any:
             except BaseException as exc:  # re-raised below, in the calling thread
                 failure.append(exc)
 
-    depth = tuple_depth_bound(data, found.start, found.end)
+    depth = tuple_depth_bound(data, found.start, found.end, _MAX_LEVELS)
     if depth <= SAFE_TUPLE_DEPTH:
         work()
     else:
@@ -244,19 +265,22 @@ def _run(data: bytes, found: Scan, load: _Load) -> Any:
 
 
 def unpickle(data: bytes, start: int = 0, *, storage: StorageHook | None = None,
-             lenient: bool = False) -> Unpickled:
+             lenient: bool = False, module_sources: bool = False) -> Unpickled:
     """Read the pickle at ``data[start:]`` without running anything from it.
 
     ``storage(key, dtype, location, numel)`` locates a persistent storage in
     the container. ``lenient`` (``inspect``, ``check``) records code-running
     globals instead of refusing them; nothing is run either way.
+    ``module_sources``: the pickle may record module classes' sources as
+    persistent ids (legacy ``torch.save(model)``).
     """
     try:
         found = scan(data, start)
     except ScanError as exc:
         seen = _names_before(data, start, exc.position, storage) if lenient else ()
-        raise PickleRefused(str(exc), seen=seen, position=exc.position) from None
-    load = _Load(found.protocol, storage, lenient)
+        raise PickleRefused(str(exc), seen=seen, position=exc.position,
+                            truncated=exc.truncated) from None
+    load = _Load(found.protocol, storage, lenient, module_sources)
     value = _run(data, found, load)
     try:
         with paused_gc():
@@ -272,7 +296,8 @@ def unpickle(data: bytes, start: int = 0, *, storage: StorageHook | None = None,
     return Unpickled(settled.value, found, tuple(load.seen.values()),
                      tuple(load.dangerous.values()), settled.unproven, settled.calls,
                      {key: ref.info for key, ref in load.storages.items()},
-                     any(count > 1 for count in load.references.values()))
+                     any(count > 1 for count in load.references.values()),
+                     settled.materialized, settled.largest)
 
 
 def _names_before(data: bytes, start: int, end: int, storage: StorageHook | None

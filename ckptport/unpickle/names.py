@@ -11,21 +11,27 @@ a name is first resolved exactly as that unpickler resolves it:
 - a dotted name (``posixpath`` + ``os.system``) walks attributes, which can
   reach anything, so it is code-running unless the whole path is allowed.
 
-Then one table classes the resolved name:
+Then the resolved name is classed, never by how it is spelled or capitalised:
 
 - ``ALLOWED``: ckptport builds it (through a wrapper that checks arguments);
-- ``INERT``: a class ckptport records by name and never constructs;
-- ``CODE``: anything that executes, imports, opens files or sockets,
-  spawns or evaluates, decided by module (and torch's own code-running
-  helpers), never by how the name is spelled or capitalised.
+- ``CODE``: anything that executes, imports, opens files or sockets, spawns
+  or evaluates. The standard library is a closed world (``stdlib``): every
+  global of it is code-running but the few data-only ones it lists; beyond
+  it, decided by module (serializers that run code, networking, installers,
+  torch's and numpy's code-running helpers);
+- ``INERT``: any other class, recorded by name and never constructed. A
+  third-party name the file *calls* cannot be proven harmless: reports name
+  it in a tier of its own (``check`` code CKP012), apart from code-running
+  names.
 """
 
 from __future__ import annotations
 
 import _compat_pickle
-import builtins
 import enum
 from dataclasses import dataclass
+
+from . import stdlib
 
 __all__ = ["Name", "Kind", "resolve", "classify", "is_code", "known_class",
            "CODE_MODULES", "CODE_NAMES", "RECOGNIZED_CALLS"]
@@ -64,30 +70,16 @@ def resolve(module: str, name: str, protocol: int) -> Name:
     return Name(raw, f"{module}.{name}")
 
 
-# Modules whose globals execute, import, read or write things. Matched as a
-# module path prefix: ``os`` covers ``os.path``; ``torch.jit`` covers its submodules.
+# Beyond the standard library: modules whose globals execute, import, read or write
+# things. Matched as a module path prefix: ``torch.jit`` covers its submodules.
 CODE_MODULES = frozenset({
-    # processes, shells, the OS
-    "os", "posix", "nt", "posixpath", "ntpath", "genericpath", "subprocess",
-    "_posixsubprocess", "commands", "pty", "tty", "shutil", "signal", "resource",
-    "pwd", "grp", "fcntl", "mmap", "_winapi", "msvcrt", "winreg",
-    # code: import, compile, evaluate, debug, profile
-    "sys", "builtins", "__builtin__", "importlib", "imp", "zipimport", "pkgutil", "runpy",
-    "code", "codeop", "pdb", "bdb", "trace", "profile", "cProfile", "timeit", "inspect", "gc",
-    "types", "marshal", "ast", "dis", "pydoc", "doctest", "unittest", "ctypes", "_ctypes",
-    "cffi", "operator", "_operator", "functools", "_functools", "itertools", "copy",
-    "copyreg", "abc", "weakref", "_weakref", "atexit", "threading", "_thread",
-    "multiprocessing", "_multiprocessing", "concurrent", "asyncio", "sched",
+    # Python 2 spellings that no compatibility table renames at protocol >= 3
+    "__builtin__", "exceptions", "commands", "copy_reg", "cPickle", "imp",
     # serializers that run code on load
-    "pickle", "_pickle", "pickletools", "shelve", "dbm", "dill", "cloudpickle", "joblib",
-    "yaml", "jsonpickle", "pandas.io",
-    # files, archives, networks
-    "io", "_io", "codecs", "_codecs", "fileinput", "linecache", "tempfile", "glob",
-    "tarfile", "zipfile", "gzip", "bz2", "lzma", "zlib", "logging", "socket", "_socket",
-    "ssl", "select", "selectors", "urllib", "http", "ftplib", "smtplib", "telnetlib",
-    "xmlrpc", "webbrowser", "requests", "httpx", "aiohttp", "paramiko",
-    # installers and environments
-    "setuptools", "distutils", "pip", "sysconfig", "site", "venv", "ensurepip",
+    "dill", "cloudpickle", "joblib", "yaml", "jsonpickle", "pandas.io",
+    # networks, installers
+    "requests", "httpx", "aiohttp", "urllib3", "paramiko", "setuptools", "pip",
+    "pkg_resources", "_distutils_hack",
     # numpy's file and build machinery
     "numpy.lib.npyio", "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.ctypeslib",
     # torch's own code-running helpers
@@ -111,27 +103,9 @@ RECOGNIZED_CALLS = frozenset({
     "torch.fx.graph_module.reduce_package_graph_module",
     "torch.fx.graph_module.reduce_deploy_graph_module",
 })
-# Names known to be classes (a REDUCE of one constructs it), for the verdict on
-# recorded calls. Exact names: a module also holds functions (``uuid`` has
-# ``_get_command_stdout``, which runs a command). Only inside packages whose
-# own convention is that classes alone are CapWords is a CapWords name taken as a
-# class (a name the package lacks makes torch.load fail before anything runs).
-_KNOWN_CLASSES = frozenset({
-    "collections.UserDict", "collections.UserList", "collections.UserString",
-    "collections.deque", "torch.nn.parameter.Buffer", "typing.Any",
-    "datetime.datetime", "datetime.date", "datetime.time", "datetime.timedelta",
-    "datetime.timezone", "decimal.Decimal", "fractions.Fraction", "uuid.UUID",
-    "pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePath",
-    "pathlib.PurePosixPath", "pathlib.PureWindowsPath",
-})
-_CLASS_CONVENTION_PACKAGES = ("torch.nn.modules.", "torch.optim.", "omegaconf.")
-
-
-# ``builtins`` is code-running but for its exception classes: a pickle holds them as
-# values (an error type in a config) or builds one, and neither runs anything.
-_HARMLESS_BUILTINS = frozenset(
-    f"builtins.{name}" for name, value in vars(builtins).items()
-    if isinstance(value, type) and issubclass(value, BaseException))
+# Third-party names known to be classes (a REDUCE of one constructs it). Exact
+# names: capitalisation never decides.
+_KNOWN_CLASSES = frozenset({"torch.nn.parameter.Buffer"})
 
 
 def _module_of(resolved: str) -> str:
@@ -140,18 +114,19 @@ def _module_of(resolved: str) -> str:
 
 def is_code(resolved: str, allowed: frozenset[str] | set[str] = frozenset()) -> bool:
     """True when importing or calling ``resolved`` can run code, by module and name."""
-    if resolved in allowed or resolved in _HARMLESS_BUILTINS:
+    if resolved in allowed:
         return False
     if resolved in CODE_NAMES:
         return True
     parts = resolved.split(".")
     if any(p.startswith("__") and p.endswith("__") for p in parts[1:]):
         return True  # dunder attributes reach the interpreter's machinery
-    module = _module_of(resolved)
-    head = module.split(".")
+    if stdlib.is_stdlib(resolved):
+        return not stdlib.is_data(resolved)
+    head = _module_of(resolved).split(".")
     if any(".".join(head[:i]) in CODE_MODULES for i in range(1, len(head) + 1)):
         return True
-    return resolved.split(".", 1)[0] == "numpy"  # numpy beyond the allowed rebuilders
+    return parts[0] == "numpy"  # numpy beyond the allowed rebuilders
 
 
 def classify(resolved: str, dotted: bool, allowed: frozenset[str] | set[str]) -> Kind:
@@ -164,7 +139,5 @@ def classify(resolved: str, dotted: bool, allowed: frozenset[str] | set[str]) ->
 
 
 def known_class(resolved: str) -> bool:
-    if resolved in _KNOWN_CLASSES or resolved in _HARMLESS_BUILTINS:
-        return True
-    short = resolved.rpartition(".")[2]
-    return resolved.startswith(_CLASS_CONVENTION_PACKAGES) and short[:1].isupper()
+    """A name proven to be a class: the standard library's data classes, and a few exact ones."""
+    return resolved in _KNOWN_CLASSES or stdlib.is_data(resolved)

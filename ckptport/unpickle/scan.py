@@ -24,15 +24,17 @@ import pickletools
 import re
 from dataclasses import dataclass
 
-__all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "executes_before"]
+__all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "nesting_depth",
+           "executes_before"]
 
 
 class ScanError(ValueError):
     """The pickle is malformed at ``position``; nothing there may be unpickled."""
 
-    def __init__(self, message: str, position: int) -> None:
+    def __init__(self, message: str, position: int, truncated: bool = False) -> None:
         super().__init__(message)
         self.position = position
+        self.truncated = truncated  # it ran out of data: more of the file may complete it
 
 
 @dataclass(frozen=True)
@@ -90,10 +92,98 @@ _TUPLE_MAKERS = tuple(bytes([ord(op.code.encode("latin-1"))]) for op in pickleto
                                      "REDUCE", "NEWOBJ", "NEWOBJ_EX", "OBJ", "INST"})
 
 
-def tuple_depth_bound(data: bytes | memoryview, start: int, end: int) -> int:
-    """No tuple in the pickle can nest deeper than this (each level needs its own opcode)."""
+def tuple_depth_bound(data: bytes | memoryview, start: int, end: int, exact_above: int) -> int:
+    """No tuple in the pickle can nest deeper than this (each level needs its own opcode).
+
+    A count of the bytes that could be tuple-making opcodes is a bound that costs one
+    pass of ``bytes.count``; it also counts bytes inside string payloads (English text is
+    full of ``t``, ``o``, ``i``), so above ``exact_above`` the real nesting is measured
+    by walking the opcodes (``nesting_depth``).
+    """
     region = bytes(data[start:end])
-    return sum(region.count(maker) for maker in _TUPLE_MAKERS)
+    rough = sum(region.count(maker) for maker in _TUPLE_MAKERS)
+    return rough if rough <= exact_above else nesting_depth(region)
+
+
+def _opcode_names(*wanted: str) -> frozenset[int]:
+    return frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opcodes
+                     if op.name in wanted)
+
+
+_BUILDS_TUPLE = _opcode_names("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "FROZENSET", "REDUCE",
+                              "NEWOBJ", "NEWOBJ_EX", "OBJ", "INST", "BUILD")
+_PUTS = _opcode_names("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE")
+_GETS = _opcode_names("GET", "BINGET", "LONG_BINGET")
+_DUP = _opcode_names("DUP")
+
+
+def _memo_index(data: bytes, pos: int, after: int, memo_size: int) -> int:
+    name = _NAMES[data[pos]]
+    if name == "MEMOIZE":
+        return memo_size
+    if name in ("PUT", "GET"):
+        return int(data[pos + 1:after - 1])
+    return int.from_bytes(data[pos + 1:after], "little")
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep tuples (and what calls build from them) nest in a well-formed pickle.
+
+    A stack machine over nesting depths only: a tuple (or a call's result, which
+    may be one of its arguments) is one deeper than the deepest item it takes;
+    lists and dicts break the chain (hashing stops at them); memo slots keep the
+    depth of what they hold.
+    """
+    stack: list[int] = []
+    marks: list[int] = []
+    memo: dict[int, int] = {}
+    deepest = 0
+    pos = 2 if data[:1] == b"\x80" else 0
+    end = len(data)
+    while pos < end:
+        op = data[pos]
+        after = _next(data, pos)
+        before, takes_mark, pushed, makes_mark = _STACK[op]
+        if op in _PUTS:
+            memo[_memo_index(data, pos, after, len(memo))] = stack[-1] if stack else 0
+        elif op in _GETS:
+            stack.append(memo.get(_memo_index(data, pos, after, len(memo)), 0))
+        elif op in _DUP:
+            stack.append(stack[-1] if stack else 0)
+        else:
+            taken: list[int] = []
+            if takes_mark:
+                cut = marks.pop() if marks else 0
+                taken, stack = stack[cut:], stack[:cut]
+            if before:
+                taken += stack[-before:]
+                del stack[-before:]
+            if makes_mark:
+                marks.append(len(stack))
+            depth = 1 + max(taken, default=0) if op in _BUILDS_TUPLE else 0
+            deepest = max(deepest, depth)
+            stack.extend([depth] * pushed)
+        pos = after
+    return deepest
+
+
+def _next(data: bytes, pos: int) -> int:
+    """Where the opcode after the one at ``pos`` starts (the pickle was scanned already)."""
+    op = data[pos]
+    kind = _KIND[op]
+    if kind == _FIXED or kind in (_PROTO, _FRAME, _LONG_BINPUT):
+        return pos + 1 + _WIDTH[op]
+    if kind == _COUNTED1:
+        return pos + 2 + data[pos + 1]
+    if kind == _COUNTED4:
+        return pos + 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+    if kind == _COUNTED8:
+        return pos + 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+    if kind == _NEWLINE:
+        return data.index(b"\n", pos + 1) + 1
+    if kind == _TWO_LINES:
+        return data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
+    return pos + 1  # STOP
 
 
 def _counted(data: bytes, pos: int, width: int, end: int) -> int:
@@ -104,7 +194,7 @@ def _counted(data: bytes, pos: int, width: int, end: int) -> int:
     declared = int.from_bytes(data[pos + 1:start], "little")
     if declared > end - start:
         raise ScanError(f"a pickle opcode at byte {pos} declares {declared} bytes, past the end "
-                        f"of the data ({end - start} remain)", pos)
+                        f"of the data ({end - start} remain)", pos, truncated=True)
     return start + declared
 
 
@@ -135,7 +225,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 pos += 2 + data[pos + 1]
                 if pos > end:
                     raise ScanError(f"a pickle opcode at byte {at} declares {pos - at - 2} "
-                                    f"bytes, past the end of the data", at)
+                                    f"bytes, past the end of the data", at, truncated=True)
                 continue
             if k == _FIXED:
                 pos += skip
@@ -167,7 +257,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 pos += 9
                 if size > end - pos:
                     raise ScanError(f"a FRAME at byte {at} claims {size} bytes but only "
-                                    f"{end - pos} remain", at)
+                                    f"{end - pos} remain", at, truncated=True)
                 frame_end = pos + size
                 continue
             elif k == _PROTO:
@@ -179,7 +269,8 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 raise ScanError(f"byte {at} holds {op:#04x}, not a pickle opcode", at)
             if pos > end:
                 raise ScanError(f"a pickle opcode at byte {at} declares {pos - at} bytes, "
-                                f"past the end of the data ({end - at} remain)", at)
+                                f"past the end of the data ({end - at} remain)", at,
+                                truncated=True)
             if 0 <= frame_end < pos:
                 if at < frame_end:
                     raise ScanError(f"an opcode at byte {at} crosses the end of its FRAME", at)
@@ -188,7 +279,7 @@ def scan(data: bytes, start: int = 0) -> Scan:
         if isinstance(exc, ScanError):
             raise
         raise ScanError(f"the pickle ends at byte {end} without STOP (truncated)",
-                        pos) from None
+                        pos, truncated=True) from None
 
 
 _ACTING = frozenset(ord(op.code.encode("latin-1")) for op in pickletools.opcodes

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import DType
-from ..tensors import TensorInfo
+from ..tensors import Pending, TensorInfo
 from ..tree import Backref, GlobalRef, ObjectRecord, children, format_path, is_tensor
 from . import names
 from .numpy_values import NumpyValue, finalize
@@ -46,15 +48,15 @@ from .values import (
 
 __all__ = ["Settled", "settle", "MAX_NODES", "MAX_DEPTH", "MAX_INT_BITS"]
 
-MAX_NODES = 10_000_000  # objects the tree may expand to when shared references are followed
+MAX_NODES = 10_000_000  # objects shared references may add when the tree is walked as a tree
 MAX_DEPTH = 300  # nesting ckptport's recursive rules handle without exhausting the stack
+LARGEST_SHOWN = 3  # tensors an error about materialized bytes names
 MAX_INT_BITS = 14_000  # about 4,300 decimal digits: Python's own limit for printing an int
 
 _SCALARS = frozenset({str, float, bool, type(None), bytes, bytearray, complex, slice, range})
 _INT_LIMIT = 1 << MAX_INT_BITS
 _MAPPINGS = frozenset({dict, collections.OrderedDict, DefaultDict, collections.Counter})
-_LEAVES = frozenset({TensorInfo, Size, Device, DType})
-_BOMB = f"shared references expand to more than {MAX_NODES} objects (a memo bomb)"
+_LEAVES = frozenset({TensorInfo, Pending, Size, Device, DType})
 
 
 @dataclass(frozen=True)
@@ -62,20 +64,23 @@ class Settled:
     value: Any
     unproven: tuple[str, ...]  # unknown names called with no proof they are classes
     calls: tuple[str, ...]  # unknown names called as functions: normalize refuses them
+    materialized: int = 0  # bytes the tensors hold once made real (each view on its own)
+    largest: tuple[tuple[str, int], ...] = ()  # the biggest tensors (path, bytes), biggest first
 
 
 def _verdicts(registry: list[Recorded], settled: dict[int, int]
               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Decide, per recorded name, whether the file instantiates a class or calls a function.
+    """Decide, per recorded name, whether the file instantiates a class or calls something.
 
-    A name is provably a class when ckptport knows it as one, or when the
-    pickle made an instance of it the way only classes are made (``NEWOBJ``)
-    before it first called it. ``check`` treats other called names as
-    code-running. To represent the value, an unproven CapWords name called
-    on plain data is kept as a record (an enum member, a config class);
-    normalize refuses any other unproven call: a function, or a callable
-    handed tensors (``typing.OrderedDict([(key, tensor)])``), whose result
-    torch would build by running it and ckptport cannot know.
+    A name is provably a class when ckptport knows it as one (the standard
+    library's data classes), or when the pickle made an instance of it the
+    way only classes are made (``NEWOBJ``) before it first called it. Every
+    other called name is *unproven*: a third-party callable that full
+    unpickling would run (``check`` names it, CKP012). Its records keep the
+    call as data (an enum member, a config object) unless the call is handed
+    tensors (``typing.OrderedDict([(key, tensor)])``): torch would build the
+    value by running it, and ckptport cannot know what that value holds, so
+    normalize refuses those. Capitalisation never decides.
     """
     firsts: dict[str, tuple[int | None, int | None]] = {}
     for record in registry:
@@ -87,11 +92,11 @@ def _verdicts(registry: list[Recorded], settled: dict[int, int]
         firsts[record.name] = (made, called)
     unproven = [name for name, (made, called) in firsts.items() if called is not None
                 and not (names.known_class(name) or (made is not None and made < called))]
-    refused = {name for name in unproven if not name.rpartition(".")[2][:1].isupper()}
+    refused: set[str] = set()
     holds = _tensor_finder()
     for record in registry:
-        if (record.called and record.name in unproven and record.name not in refused
-                and id(record) in settled and (holds(record.args) or holds(record.kwargs))):
+        if record.called and record.name in unproven and id(record) in settled and (
+                holds(record.args) or holds(record.kwargs)):
             refused.add(record.name)
     for record in registry:
         if record.called and record.name in refused:
@@ -144,9 +149,22 @@ class _Settler:
         self.sizes: dict[int, int] = {}  # id(container) -> its expanded size, once settled
         self.active: dict[int, int] = {}  # id(container) on the current path -> trail length
         self.trail: list[Any] = []  # keys from the root to the node being settled
-        self.total = 0
+        self.total = 0  # objects of the tree walked as a tree (shared parts once per use)
+        self.shared = 0  # of those, the ones only shared references add (memo references)
         self.replaced: dict[int, Any] = {}
         self.keep: list[Any] = []  # replaced originals stay alive: their ids stay unique
+        self.materialized = 0
+        self.largest: list[tuple[int, str]] = []  # a min-heap of the biggest tensors
+
+    def tensor(self, node: TensorInfo | Pending) -> None:
+        """Count what the view materializes: a stride-0 view of a few bytes can claim GiBs."""
+        size = math.prod(node.shape) * node.dtype.itemsize
+        self.materialized += size
+        entry = (size, self.where())
+        if len(self.largest) < LARGEST_SHOWN:
+            heapq.heappush(self.largest, entry)
+        elif size > self.largest[0][0]:
+            heapq.heapreplace(self.largest, entry)
 
     def where(self, extra: Any = None) -> str:
         return format_path((*self.trail, extra) if extra is not None else tuple(self.trail))
@@ -157,8 +175,10 @@ class _Settler:
         size = self.sizes.get(key)
         if size is not None:
             self.total += size
-            if self.total > MAX_NODES:
-                raise Refusal(_BOMB)
+            self.shared += size
+            if self.shared > MAX_NODES:
+                raise Refusal(f"shared references expand the tree by more than {MAX_NODES} "
+                              "objects beyond what the file holds (a memo bomb)")
             return self.replaced.get(key, node)
         if key in self.active:
             return _CYCLE
@@ -175,6 +195,8 @@ class _Settler:
             new = self.sequence(node, depth, mutable=False)
         elif kind in _LEAVES:
             new = node
+            if kind is TensorInfo or kind is Pending:
+                self.tensor(node)
         elif isinstance(node, ObjectRecord):
             new = self.record(node, depth)
         elif kind is set or kind is frozenset:
@@ -189,8 +211,6 @@ class _Settler:
             new = self.stand_in(node)
         del self.active[key]
         self.total += 1
-        if self.total > MAX_NODES:
-            raise Refusal(_BOMB)
         self.sizes[key] = self.total - start
         if new is not node:
             self.replaced[key] = new
@@ -243,8 +263,6 @@ class _Settler:
         if kind is dict and not all(type(k) is str for k in value):
             return False
         self.total += count + 1
-        if self.total > MAX_NODES:
-            raise Refusal(_BOMB)
         return True
 
     def sequence(self, node: Any, depth: int, mutable: bool) -> Any:
@@ -331,7 +349,11 @@ class _Settler:
         if isinstance(node, (Allowed, Marker)):
             return GlobalRef(node.name)
         if isinstance(node, NumpyValue):
-            return finalize(node)
+            try:
+                return finalize(node)
+            except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+                raise Refusal(f"a numpy value at {self.where()} that numpy itself rejects "
+                              f"({str(exc) or type(exc).__name__})") from None
         if isinstance(node, StorageRef):
             raise Refusal(f"a bare storage (not a tensor) at {self.where()}: ckptport converts "
                           "tensors, not storages")
@@ -351,4 +373,5 @@ def settle(value: Any, registry: list[Recorded]) -> Settled:
     settler = _Settler()
     settled = value if _is_scalar(value) else settler.visit(value, 0)
     unproven, calls = _verdicts(registry, settler.sizes)
-    return Settled(settled, unproven, calls)
+    largest = tuple((path, size) for size, path in sorted(settler.largest, reverse=True))
+    return Settled(settled, unproven, calls, settler.materialized, largest)

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import dtypes
 from ..dtypes import DType
-from ..tensors import TensorInfo
+from ..tensors import Pending, TensorInfo
 from .snapshots import TENSOR_ATTRIBUTES
 from .values import Allowed, Device, Marker, Refusal, Size, StorageRef, Unsupported
 
@@ -101,32 +101,59 @@ def _view(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType) -> Te
     return TensorInfo(dtype, size, stride, offset, storage.info)
 
 
-def _flags(requires_grad: Any, hooks: Any, metadata: Any = None) -> bool:
-    if not isinstance(hooks, dict) or hooks:
+def _flags(requires_grad: Any, hooks: Any) -> bool:
+    """``requires_grad``, once the rest is known to be data: no backward hooks (``None``,
+    as legacy files write, or an empty dict; torch accepts both)."""
+    if hooks is not None and not isinstance(hooks, dict):
+        raise Refusal("malformed tensor flags: backward hooks that are not a dict")
+    if hooks:
         raise Refusal("tensors with backward hooks are not data")
     if type(requires_grad) is not bool:
         raise Refusal("malformed tensor flags")
-    if metadata is not None and not (isinstance(metadata, dict) and all(
-            isinstance(k, str) and type(v) is bool for k, v in metadata.items())):
-        raise Refusal("malformed tensor metadata")
     return requires_grad
 
 
+_METADATA_BITS = ("conj", "neg")  # torch.save's get_tensor_metadata: lazy views' bits
+
+
+def _transform(metadata: Any, dtype: DType) -> tuple[str, ...]:
+    """What torch applies on load: a key present sets its bit, whatever its value (torch's
+    ``_set_tensor_metadata`` does so), so the tensor reads conjugated or negated."""
+    if metadata is None:
+        return ()
+    if not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and type(v) is bool for k, v in metadata.items())):
+        raise Refusal("malformed tensor metadata")
+    unknown = [key for key in metadata if key not in _METADATA_BITS]
+    if unknown:
+        raise Refusal(f"tensor metadata {unknown[0]!r}, which ckptport does not know how "
+                      "torch applies")
+    if "conj" in metadata and not dtype.is_complex:
+        raise Refusal("tensor metadata marks a real tensor as a conjugate view")
+    return tuple(key for key in _METADATA_BITS if key in metadata)
+
+
+def _finish(info: TensorInfo, requires_grad: Any, hooks: Any, metadata: Any) -> Any:
+    """The tensor as torch gives it: flags checked, a lazy view's transform deferred."""
+    info = _with_grad(info, _flags(requires_grad, hooks))
+    steps = _transform(metadata, info.dtype)
+    return Pending(info, info.dtype, steps) if steps else info
+
+
 def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
-                hooks: Any, metadata: Any = None) -> TensorInfo:
+                hooks: Any, metadata: Any = None) -> Any:
     if not isinstance(storage, StorageRef):
         raise Refusal("a tensor over something that is not a storage")
     info = _view(storage, offset, size, stride, storage.dtype)
-    return _with_grad(info, _flags(requires_grad, hooks, metadata))
+    return _finish(info, requires_grad, hooks, metadata)
 
 
 def _rebuild_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
-                hooks: Any, dtype: Any, metadata: Any = None) -> TensorInfo:
+                hooks: Any, dtype: Any, metadata: Any = None) -> Any:
     if not isinstance(dtype, DType) or not isinstance(storage, StorageRef) or \
             storage.dtype.name != "uint8":
         raise Refusal("_rebuild_tensor_v3 takes an untyped storage and a dtype")
-    return _with_grad(_view(storage, offset, size, stride, dtype),
-                      _flags(requires_grad, hooks, metadata))
+    return _finish(_view(storage, offset, size, stride, dtype), requires_grad, hooks, metadata)
 
 
 def _rebuild_legacy(storage: Any, offset: Any, size: Any, stride: Any) -> TensorInfo:

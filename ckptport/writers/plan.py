@@ -65,12 +65,17 @@ def parse_size(text: str | int) -> int:
     return size
 
 
-def _extension(path: Path) -> str:
+def file_extension(path: Path) -> str:
+    """The checkpoint-file extension ``path`` ends with (``.pth.tar`` whole), or ``""``."""
     name = path.name.lower()
     for extension in sorted(FILE_EXTENSIONS, key=len, reverse=True):
         if name.endswith(extension):
             return extension
-    return path.suffix.lower()
+    return ""
+
+
+def _extension(path: Path) -> str:
+    return file_extension(path) or path.suffix.lower()
 
 
 def plan_destination(dst: str | os.PathLike[str], to: str | Target | None = None,

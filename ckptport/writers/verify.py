@@ -33,7 +33,7 @@ from ..dtypes import dtype_of
 from ..errors import InputError, VerificationError
 from ..progress import Advance
 from ..sources import SourceFile
-from ..tensors import Blob, Pending, TensorInfo, chunks
+from ..tensors import Blob, Pending, TensorInfo, chunks, realize
 
 __all__ = ["verify_pth", "verify_safetensors", "Independent"]
 
@@ -51,7 +51,7 @@ class Independent:
 
     def __call__(self, leaf: Any) -> Iterator[bytes | memoryview]:
         if isinstance(leaf, Pending):
-            if leaf.dtype == dtype_of(leaf.source):
+            if leaf.dtype == dtype_of(leaf.source) and not leaf.transform:
                 yield from self(leaf.source)
                 return
             yield from chunks(_cast(self._whole(leaf.source), leaf))
@@ -116,7 +116,7 @@ def _cast(raw: bytes, leaf: Pending) -> Any:
     source = dtype_of(leaf.source).to_torch()
     values = torch.frombuffer(bytearray(raw), dtype=source) if raw else \
         torch.empty(0, dtype=source)
-    return values.reshape(leaf.shape).to(leaf.dtype.to_torch())
+    return realize(values.reshape(leaf.shape), leaf)
 
 
 def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance,

@@ -1,0 +1,57 @@
+"""What the readers of rank-file layouts share: merged facts and layout problems.
+
+A sharded checkpoint is many files read as one (DeepSpeed's rank files, a
+folder of FSDP rank files). Its facts are the union of its files' facts;
+a layout that does not make one checkpoint (a rank missing, world sizes
+that disagree, leftovers of an earlier run, shards that do not tile) is a
+``LayoutError`` for conversions, and for reports (``inspect``, ``check``,
+read leniently) a checkpoint that names the problem under ``PROBLEMS`` in
+its metadata, which ``check`` reports as CKP013.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..errors import InputError
+
+__all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem"]
+
+PROBLEMS = "layout.problems"
+
+
+class LayoutError(InputError):
+    """Rank files that do not make one checkpoint; the message names what is wrong."""
+
+
+def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[Path, ...],
+                 metadata: dict[str, str], notes: tuple[str, ...] = ()) -> SourceFacts:
+    """One checkpoint's facts from the rank files it was assembled from."""
+    locations: dict[str, int] = {}
+    names: dict[str, None] = {}
+    refused: dict[str, None] = {}
+    unproven: dict[str, None] = {}
+    spellings: dict[str, str] = {}
+    for part in parts:
+        facts = part.source
+        for location, count in facts.storage_locations.items():
+            locations[location] = locations.get(location, 0) + count
+        names.update(dict.fromkeys(facts.globals))
+        refused.update(dict.fromkeys(facts.refused_globals))
+        unproven.update(dict.fromkeys(facts.unproven))
+        spellings.update(facts.spellings)
+        notes = (*notes, *(n for n in facts.notes if n not in notes))
+    return SourceFacts(path=path, format=fmt, size=sum(f.stat().st_size for f in files),
+                       storage_locations=dict(sorted(locations.items())),
+                       globals=tuple(names), metadata=metadata, refused_globals=tuple(refused),
+                       files=files, spellings=spellings, unproven=tuple(unproven),
+                       notes=notes)
+
+
+def layout_problem(folder: Path, fmt: Format, files: tuple[Path, ...], framework: str,
+                   problems: list[str]) -> Checkpoint:
+    """A report's reading of a layout that does not make one checkpoint: no tensors, the
+    problems named."""
+    return Checkpoint({}, merged_facts(folder, fmt, [], files, {
+        "framework": framework, PROBLEMS: "\n".join(problems)}))

@@ -1,0 +1,398 @@
+"""Key surgery: keep a subtree, keep or drop keys by glob, rename keys by regex.
+
+These are the throwaway scripts people write beside their checkpoints
+(mmengine's ``revise_keys``, a detector's ``backbone.``, ``num_batches_tracked``
+to drop), as named rules that say what they changed. They run after the
+wrapper prefixes are stripped, in the documented order:
+
+    select -> strip prefixes -> subtree -> keep/drop -> rename
+
+so filters see the names ``inspect`` shows and renames come last. A step
+that matches no key is an error (a typo would otherwise be a silent no-op),
+and a rename that makes two keys one is an error naming both. Module
+versions (``_metadata``) follow every step, as they follow prefix stripping.
+
+A **recipe** (``--map FILE``) holds the same steps as an ordered list in a
+TOML or JSON file kept beside the model; its steps run in the file's order
+and its sha256 is recorded wherever the options are::
+
+    steps = [
+      { subtree = "backbone" },
+      { drop = ["*.num_batches_tracked"] },
+      { rename = ['^blocks\\.(\\d+)\\.', 'layers.\\1.'] },
+    ]
+
+TOML needs Python 3.11+ (``tomllib``); JSON reads everywhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint
+from ..errors import RuleError
+from ..tree import KeyPath, format_path, is_state_dict, rebuild_dict
+from .base import Change, RuleResult
+
+__all__ = ["Subtree", "KeepDrop", "Rename", "Recipe", "Step", "load_recipe", "recipe_of",
+           "key_rules", "compile_rename", "recipe_from_json", "STEP_KINDS",
+           "KEY_MAP_SHA256"]
+
+STEP_KINDS = ("subtree", "keep", "drop", "rename")
+KEY_MAP_SHA256 = "ckptport.map_sha256"  # safetensors metadata: the recipe this file was made with
+MAX_RECIPE_BYTES = 1 << 20
+
+KeyMap = Callable[[str], "str | None"]  # new name of a key, or None to drop it
+
+
+def _state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
+    """Every state dict in the tree (``--select all`` may hold several)."""
+    if is_state_dict(node):
+        return [(path, node)]
+    found = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            found += _state_dicts(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _state_dicts(value, (*path, index))
+    return found
+
+
+def _replace_states(node: Any, edit: Callable[[KeyPath, Mapping[str, Any]], Any],
+                    path: KeyPath = ()) -> Any:
+    if is_state_dict(node):
+        return edit(path, node)
+    if isinstance(node, Mapping):
+        return rebuild_dict(node, [(k, _replace_states(v, edit, (*path, k)))
+                                   for k, v in node.items()])
+    if isinstance(node, list):
+        return [_replace_states(v, edit, (*path, i)) for i, v in enumerate(node)]
+    return node
+
+
+def _all_keys(checkpoint: Checkpoint) -> list[str]:
+    return [key for _, state in _state_dicts(checkpoint.tree) for key in state]
+
+
+def _top_prefixes(keys: Sequence[str], limit: int = 8) -> str:
+    counts = Counter(k.split(".", 1)[0] for k in keys)
+    shown = [f"{prefix} ({count})" for prefix, count in counts.most_common(limit)]
+    more = f", … {len(counts) - limit} more" if len(counts) > limit else ""
+    return ", ".join(shown) + more if shown else "no keys"
+
+
+def _apply(checkpoint: Checkpoint, rule: str, key_map: KeyMap, module_map: KeyMap,
+           summary: Callable[[int, int], str], details: Mapping[str, Any] | None = None
+           ) -> tuple[Checkpoint, RuleResult]:
+    """Map every state dict's keys with ``key_map`` (``None`` drops); collisions are errors.
+
+    ``module_map`` maps ``_metadata`` module paths (each with a trailing
+    dot, so ``a.b`` is seen as ``a.b.``; ``None`` drops the entry).
+    """
+    changes: list[Change] = []
+
+    def edit(path: KeyPath, state: Mapping[str, Any]) -> Any:
+        origin: dict[str, str] = {}
+        items = []
+        where = f" under {format_path(path)}" if path else ""
+        for key, value in state.items():
+            new = key_map(key)
+            if new is None:
+                changes.append(Change(key, "dropped", f"{rule} dropped it"))
+                continue
+            if new in origin:
+                raise RuleError(f"{rule} would merge {origin[new]!r} and {key!r} into {new!r}"
+                                f"{where}; make the step narrower", checkpoint.source.path)
+            origin[new] = key
+            items.append((new, value))
+            if new != key:
+                changes.append(Change(new, "renamed", f"{key} -> {new}", key, new))
+        mapped = rebuild_dict(state, items)
+        versions = getattr(state, "_metadata", None)
+        if versions is not None:
+            mapped._metadata = _versions(versions, module_map)  # type: ignore[attr-defined]
+        return mapped
+
+    tree = _replace_states(checkpoint.tree, edit)
+    renamed = sum(1 for c in changes if c.action == "renamed")
+    return checkpoint.with_tree(tree), RuleResult(
+        rule, tuple(changes), summary(renamed, len(changes) - renamed), dict(details or {}))
+
+
+def _versions(versions: Mapping[str, Any], module_map: KeyMap) -> Any:
+    """Module paths mapped like keys; dropped modules leave; the innermost module wins."""
+    renamed = []
+    for module in sorted(versions, key=len):
+        new = module_map(f"{module}." if module else "")
+        if new is not None:
+            renamed.append((new.removesuffix("."), versions[module]))
+    return rebuild_dict(versions, list(dict(renamed).items()))
+
+
+def _counted(renamed: int, dropped: int) -> str:
+    parts = [f"renamed {renamed} keys" if renamed else "", f"dropped {dropped}" if dropped else ""]
+    return ", ".join(p for p in parts if p) or "no change"
+
+
+@dataclass(frozen=True)
+class Subtree:
+    """``--subtree backbone``: keep the keys under ``backbone.`` and strip it.
+
+    A subtree no key has is an error listing the top-level prefixes there are,
+    with counts (the usual typo: ``model.backbone`` after ``model.`` was stripped).
+    """
+
+    prefix: str
+    name: str = "subtree"
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        head = self.prefix.removesuffix(".") + "."
+        keys = _all_keys(checkpoint)
+        if not any(k.startswith(head) for k in keys):
+            raise RuleError(f"--subtree {self.prefix}: no key starts with {head!r}; the keys' "
+                            f"top-level prefixes are {_top_prefixes(keys)}",
+                            checkpoint.source.path)
+
+        def under(key: str) -> str | None:
+            return key[len(head):] if key.startswith(head) and len(key) > len(head) else None
+
+        def module(path: str) -> str | None:
+            return None if not path.startswith(head) else path[len(head):]
+
+        return _apply(checkpoint, self.name, under, module,
+                      lambda r, d: f"kept {r} keys under {head}, dropped {d}",
+                      {"subtree": head})
+
+
+@dataclass(frozen=True)
+class KeepDrop:
+    """``--keep GLOB`` then ``--drop GLOB`` (shell-style, case-sensitive, on the whole key).
+
+    With keep patterns, a key stays only if one matches; then a key any drop
+    pattern matches goes. Each pattern must match some key it sees, unless
+    ``require_match`` is off (``diff``: a pattern may fit one side only).
+    """
+
+    keep: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    require_match: bool = True
+    name: str = "keep-drop"
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        keys = _all_keys(checkpoint)
+        if self.require_match:
+            kept = [k for k in keys if self._kept(k)]
+            for option, patterns, seen in (("--keep", self.keep, keys),
+                                           ("--drop", self.drop, kept)):
+                for pattern in patterns:
+                    if not any(fnmatch.fnmatchcase(k, pattern) for k in seen):
+                        raise RuleError(f"{option} {pattern}: matches no key (the keys' "
+                                        f"top-level prefixes are {_top_prefixes(seen)})",
+                                        checkpoint.source.path)
+        survivors = {k for k in keys if self._kept(k) and not self._dropped(k)}
+        modules = {f"{key.rsplit('.', n)[0]}." for key in survivors
+                   for n in range(1, key.count(".") + 1)}
+
+        def key_map(key: str) -> str | None:
+            return key if key in survivors else None
+
+        def module(path: str) -> str | None:  # a module stays while a key lies under it
+            return path if not path or path in modules else None
+
+        return _apply(checkpoint, self.name, key_map, module, _counted,
+                      {"keep": list(self.keep), "drop": list(self.drop)})
+
+    def _kept(self, key: str) -> bool:
+        return not self.keep or any(fnmatch.fnmatchcase(key, p) for p in self.keep)
+
+    def _dropped(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, p) for p in self.drop)
+
+
+def compile_rename(pattern: str, replacement: str, where: str = "--rename") -> re.Pattern[str]:
+    """The compiled pattern, its replacement checked; ``RuleError`` naming the option."""
+    try:
+        compiled = re.compile(pattern)
+        compiled.sub(replacement, "")  # parses the replacement's group references
+    except re.error as exc:
+        raise RuleError(f"{where} {pattern!r} {replacement!r}: {exc}") from None
+    return compiled
+
+
+@dataclass(frozen=True)
+class Rename:
+    """``--rename PATTERN REPLACEMENT``: ``re.sub`` on the whole key, groups allowed.
+
+    Every match in a key is replaced (``re.sub``); anchor with ``^``/``$``
+    to replace one. Module versions are renamed by the same substitution on
+    their path with a trailing dot.
+    """
+
+    pattern: str
+    replacement: str
+    require_match: bool = True
+    name: str = "rename"
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        compiled = compile_rename(self.pattern, self.replacement)
+        keys = _all_keys(checkpoint)
+        if self.require_match and not any(compiled.search(k) for k in keys):
+            raise RuleError(f"--rename {self.pattern!r}: matches no key (the keys' top-level "
+                            f"prefixes are {_top_prefixes(keys)})", checkpoint.source.path)
+
+        def key_map(key: str) -> str:
+            return compiled.sub(self.replacement, key)
+
+        def module(path: str) -> str:
+            return key_map(path) if path else path
+
+        return _apply(checkpoint, self.name, key_map, module,
+                      lambda r, d: f"{self.pattern} -> {self.replacement}: {_counted(r, d)}",
+                      {"pattern": self.pattern, "replacement": self.replacement})
+
+
+# -- recipes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recipe step: ``subtree`` (one prefix), ``keep``/``drop`` (globs) or ``rename``."""
+
+    kind: str
+    args: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        value: Any = self.args[0] if self.kind == "subtree" else list(self.args)
+        return {self.kind: value}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A ``--map FILE``: its steps in order, and the sha256 of the file's bytes."""
+
+    path: str
+    sha256: str
+    steps: tuple[Step, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256,
+                "steps": [step.to_json() for step in self.steps]}
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read a recipe file (TOML on Python 3.11+, or JSON); ``RuleError`` naming the file,
+    the line where the parser says, and the cause."""
+    target = Path(path)
+    try:
+        size = target.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RuleError(f"--map: is {size} bytes, too large for a recipe", target)
+        data = target.read_bytes()
+    except OSError as exc:
+        cause = "no such file" if isinstance(exc, FileNotFoundError) else \
+            (exc.strerror or str(exc))
+        raise RuleError(f"--map: {cause}", target) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RuleError(f"--map: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                        target) from None
+    doc = _parse(text, target)
+    return Recipe(str(target), hashlib.sha256(data).hexdigest(), _steps(doc, target))
+
+
+def _parse(text: str, target: Path) -> Any:
+    if target.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RuleError(f"--map: not valid JSON: line {exc.lineno}: {exc.msg}",
+                            target) from None
+    if sys.version_info < (3, 11):
+        raise RuleError("--map: TOML recipes need Python 3.11+ (tomllib); write the recipe as "
+                        "JSON ({\"steps\": [...]}) on this Python", target)
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"--map: not valid TOML: {exc}", target) from None
+
+
+def _steps(doc: Any, target: Path) -> tuple[Step, ...]:
+    if not isinstance(doc, dict) or set(doc) != {"steps"} or not isinstance(doc["steps"], list):
+        raise RuleError("--map: a recipe holds one list, steps = [...] (each step one of "
+                        f"{', '.join(STEP_KINDS)})", target)
+    return tuple(_step(raw, index, target) for index, raw in enumerate(doc["steps"], start=1))
+
+
+def _step(raw: Any, index: int, target: Path) -> Step:
+    where = f"--map: step {index}"
+    if not isinstance(raw, dict) or len(raw) != 1:
+        raise RuleError(f"{where}: a step is a table with one key, one of "
+                        f"{', '.join(STEP_KINDS)}", target)
+    (kind, value), = raw.items()
+    if kind not in STEP_KINDS:
+        raise RuleError(f"{where}: unknown step {kind!r} (steps: {', '.join(STEP_KINDS)})",
+                        target)
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not values or \
+            not all(isinstance(v, str) and v for v in values):
+        raise RuleError(f"{where}: {kind} takes a string or a list of strings", target)
+    if kind == "subtree" and len(values) != 1:
+        raise RuleError(f"{where}: subtree takes one prefix", target)
+    if kind == "rename":
+        if len(values) != 2:
+            raise RuleError(f"{where}: rename takes [PATTERN, REPLACEMENT]", target)
+        try:
+            compile_rename(values[0], values[1], where=f"{where}: rename")
+        except RuleError as exc:
+            raise RuleError(exc.message, target) from None
+    return Step(kind, tuple(values))
+
+
+def recipe_of(subtree: str | None, keep: Sequence[str], drop: Sequence[str],
+              rename: Sequence[tuple[str, str]]) -> tuple[Step, ...]:
+    """The command-line options as steps, in the documented order."""
+    steps = [Step("subtree", (subtree,))] if subtree else []
+    steps += [Step("keep", tuple(keep))] if keep else []
+    steps += [Step("drop", tuple(drop))] if drop else []
+    steps += [Step("rename", pair) for pair in rename]
+    return tuple(steps)
+
+
+def key_rules(steps: Sequence[Step], *, require_match: bool = True) -> list[Any]:
+    """The rules of ``steps``; a keep step directly followed by a drop step is one rule
+    (keep first, then drop, as documented)."""
+    rules: list[Any] = []
+    for step in steps:
+        if step.kind == "subtree":
+            rules.append(Subtree(step.args[0]))
+        elif step.kind == "rename":
+            rules.append(Rename(step.args[0], step.args[1], require_match))
+        elif step.kind == "drop" and rules and isinstance(rules[-1], KeepDrop) \
+                and not rules[-1].drop:
+            rules[-1] = KeepDrop(rules[-1].keep, step.args, require_match)
+        else:
+            keep, drop = (step.args, ()) if step.kind == "keep" else ((), step.args)
+            rules.append(KeepDrop(keep, drop, require_match))
+    return rules
+
+
+def recipe_from_json(doc: Any, where: str) -> Recipe:
+    """A recipe as a manifest records it (``Recipe.to_json``), checked like a file."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), str) \
+            or not isinstance(doc.get("path"), str):
+        raise RuleError("map: give path, sha256 and steps", where)
+    return Recipe(doc["path"], doc["sha256"], _steps({"steps": doc.get("steps")}, Path(where)))

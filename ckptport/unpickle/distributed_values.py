@@ -1,0 +1,410 @@
+"""Distributed training's globals as data: DTensor, ShardedTensor and DeepSpeed's records.
+
+``torch.save`` of an FSDP or tensor-parallel state dict pickles DTensors
+and ShardedTensors as wrapper subclasses whose state names the device mesh,
+the placements and the shard metadata; DeepSpeed's rank files pickle its
+loss scaler, its ZeRO stage enum and fragment addresses.
+``torch.load(weights_only=True)`` reads the torch ones as data, so must
+ckptport: every class here is an inert record whose state is checked to be
+plain data (``DataRecord``), never the real class, and a distributed tensor
+becomes either its local tensor (when the file holds it whole: world size
+1, ``Replicate``) or a ``ShardRecord``: the local shard described, where it
+lies in the global tensor, the placements and the global shape, which the
+rank-file readers assemble. Nothing here imports torch or DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..dtypes import DType
+from ..sealed import sealed
+from ..tensors import TensorInfo
+from ..tree import ObjectRecord
+from .torch_values import _from_type
+from .values import (
+    Allowed,
+    Device,
+    Marker,
+    Recorded,
+    Refusal,
+    Size,
+    Unsupported,
+    _ReadOnlyType,
+)
+
+__all__ = ["distributed_table", "DataRecord", "ShardRecord", "ShardLayout", "Piece",
+           "DTENSOR", "SHARDED_TENSOR"]
+
+DTENSOR = "torch.distributed.tensor.DTensor"
+SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
+_WRAPPER = "torch._utils._rebuild_wrapper_subclass"
+_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
+
+_DTENSOR_PARTS = (
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed.tensor.placement_types._StridedShard",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed._mesh_layout._FlatLayout",
+)
+_SHARDED_TENSOR_PARTS = (
+    "torch.distributed._shard.sharded_tensor.shard.Shard",
+    "torch.distributed._shard.metadata.ShardMetadata",
+    "torch.distributed._shard.sharded_tensor.metadata.ShardedTensorMetadata",
+    "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+    "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
+    "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
+    "torch.distributed.remote_device._remote_device",
+)
+_DEEPSPEED_PARTS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.checkpoint.utils.fragment_address",
+)
+_ZERO_STAGE = "deepspeed.runtime.zero.config.ZeroStageEnum"
+_MAX_DIMS = 64
+
+
+# -- records of plain data -------------------------------------------------------------
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Data a record's state may hold: scalars, containers of them, other records, tensors."""
+    if depth > 16:
+        return False
+    if value is None or type(value) in (str, int, float, bool, bytes):
+        return True
+    if isinstance(value, (TensorInfo, Size, DType, Device, ObjectRecord, Marker)):
+        return True
+    if isinstance(value, type) and issubclass(value, Recorded) and not value.dangerous:
+        return True  # an enum member fetched with getattr: an inert stand-in
+    if type(value) in (list, tuple):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(type(k) in (str, int) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+class _Discarded(list):  # type: ignore[type-arg]
+    """The registry of stand-ins made from a record's attribute (``getattr(ShardedTensor,
+    "ProcessGroupState")``): class-level, so it keeps nothing; they are data, no verdict."""
+
+    def append(self, value: Any) -> None:
+        pass
+
+
+class DataRecord(Recorded):
+    """An instance of an allowed distributed class: its arguments and state, checked plain.
+
+    Made through ``__new__`` (``NEWOBJ``, a named tuple's arguments) or a
+    call; ``BUILD`` takes a dict, or the ``(slots, dict)`` pair of classes
+    with ``__slots__``. The real class is never imported.
+    """
+
+    registry: ClassVar[list[Recorded]] = _Discarded()  # what getattr's stand-ins make
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DataRecord:
+        if kwargs or not all(_plain(a) for a in args):
+            raise Refusal(f"{cls.record_name} takes plain values")
+        self = object.__new__(cls)
+        ObjectRecord.__init__(self, cls.record_name, "instance", args, {})
+        self.called, self.order = True, -1
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # the call is __new__'s
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        state = _slots(state)
+        if isinstance(state, tuple) and _plain(state):  # a __setstate__ taking a tuple
+            self.state = state
+            return
+        if not (isinstance(state, dict) and all(type(k) is str for k in state)
+                and _plain(state)):
+            raise Refusal(f"the state of {self.record_name} must be plain values")
+        self.state = {**self.state, **state} if isinstance(self.state, dict) else state
+
+    def field(self, name: str) -> Any:
+        return self.state.get(name) if isinstance(self.state, dict) else None
+
+
+def _data_class(name: str) -> type[DataRecord]:
+    short = name.rpartition(".")[2]
+    made: type[DataRecord] = _ReadOnlyType(short, (DataRecord,), {  # type: ignore[assignment]
+        "record_name": name, "__qualname__": short, "__module__": name.rpartition(".")[0]})
+    return made
+
+
+def _zero_stage(value: Any) -> int:
+    """``ZeroStageEnum(2)``: the stage number is the data."""
+    if type(value) is not int or not 0 <= value <= 3:
+        raise Refusal("ZeroStageEnum takes a stage number 0..3")
+    return value
+
+
+# -- distributed tensors ---------------------------------------------------------------
+
+
+@sealed
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A local shard: where it lies in the global tensor (``offsets``) and its bytes."""
+
+    offsets: tuple[int, ...]
+    tensor: TensorInfo
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.tensor.shape
+
+
+@sealed
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """What one rank's file says about a distributed tensor.
+
+    ``world`` is the number of ranks it is spread over, ``rank`` the saving
+    rank's place among them (mesh coordinates flattened, or the shard
+    placement's rank); ``expected`` the boxes (offsets, sizes) every shard
+    covers when the file records them all (ShardedTensor's metadata).
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: DType
+    world: int
+    rank: int
+    pieces: tuple[Piece, ...]
+    placements: tuple[str, ...]
+    expected: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+
+
+@dataclass(eq=False)
+class ShardRecord(ObjectRecord):
+    """A distributed tensor one rank holds part of, as reports show it and readers assemble it."""
+
+    layout: ShardLayout | None = field(default=None, repr=False)
+
+
+@sealed
+@dataclass(frozen=True, slots=True)
+class _Shell:
+    """What ``_rebuild_wrapper_subclass`` declares: the global tensor's class, dtype, shape."""
+
+    kind: str
+    dtype: DType
+    shape: tuple[int, ...]
+    requires_grad: bool
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS or not all(
+            type(v) is int and v >= 0 for v in value):
+        raise Refusal(f"{what} must be a short tuple of non-negative ints")
+    return tuple(value)
+
+
+def _wrapper(cls: Any, dtype: Any, size: Any, stride: Any, offset: Any, layout: Any,
+             device: Any, requires_grad: Any, *rest: Any) -> Any:
+    if not (isinstance(cls, type) and issubclass(cls, DataRecord)
+            and cls.record_name in (DTENSOR, SHARDED_TENSOR)):
+        return Unsupported("a tensor subclass (only DTensor and ShardedTensor are read)")
+    if not isinstance(dtype, DType) or type(requires_grad) is not bool:
+        raise Refusal("_rebuild_wrapper_subclass takes a dtype and flags")
+    return _Shell(cls.record_name, dtype, _ints(size, "a distributed tensor's size"),
+                  requires_grad)
+
+
+def _from_type_distributed(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    """``_rebuild_from_type_v2``: DTensor and ShardedTensor here, plain tensors in torch_values."""
+    if not (isinstance(func, Allowed) and func.name == _WRAPPER):
+        return _from_type(func, new_type, args, state)
+    if not isinstance(args, tuple):
+        raise Refusal("a wrapper subclass rebuilt from something other than a tuple")
+    shell = func(*args)
+    if isinstance(shell, Unsupported):
+        return shell
+    if new_type is not _TENSOR_CLASSES[shell.kind]:
+        raise Refusal("a distributed tensor rebuilt as another class")
+    layout = _dtensor(shell, state) if shell.kind == DTENSOR else _sharded_tensor(shell, state)
+    return _value(shell, layout)
+
+
+def _value(shell: _Shell, layout: ShardLayout) -> Any:
+    """The local tensor when it is the whole tensor, else the shard's record."""
+    for piece in layout.pieces:
+        if piece.tensor.dtype != shell.dtype:
+            raise Refusal(f"a {shell.kind} of {shell.dtype.name} holds a local shard of "
+                          f"{piece.tensor.dtype.name}")
+        if len(piece.offsets) != len(shell.shape) or any(
+                o + n > g for o, n, g in zip(piece.offsets, piece.sizes, shell.shape,
+                                             strict=True)):
+            raise Refusal(f"a {shell.kind} shard at {piece.offsets} of size {piece.sizes} "
+                          f"reaches past the global shape {shell.shape}")
+    whole = [p for p in layout.pieces if p.sizes == shell.shape]
+    if whole:
+        tensor = whole[0].tensor
+        return TensorInfo(tensor.dtype, tensor.shape, tensor.strides, tensor.offset,
+                          tensor.storage, shell.requires_grad)
+    state = {"global_shape": Size(shell.shape), "placements": list(layout.placements),
+             "world_size": layout.world, "rank": layout.rank,
+             "local_shards": [{"offsets": list(p.offsets), "tensor": p.tensor}
+                              for p in layout.pieces]}
+    return ShardRecord(shell.kind, "instance", (), {}, state, {}, [], layout)
+
+
+def _record(value: Any, name: str, what: str) -> DataRecord:
+    if not (isinstance(value, DataRecord) and value.record_name == name):
+        raise Refusal(f"{what} is not a {name.rpartition('.')[2]}")
+    return value
+
+
+def _mesh(spec: DataRecord) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The mesh's shape and the saving rank's coordinates on it."""
+    mesh = _record(spec.field("mesh"), "torch.distributed.device_mesh.DeviceMesh",
+                   "a DTensor's mesh")
+    coordinates = mesh.field("_coordinate_on_dim")
+    layout, ranks = mesh.field("_layout"), mesh.field("mesh")
+    if isinstance(layout, DataRecord) and isinstance(layout.field("axes"), (tuple, list)):
+        shape = []
+        for axis in layout.field("axes"):
+            sizes = axis.field("shape") if isinstance(axis, DataRecord) else None
+            shape.append(math.prod(_ints(sizes, "a mesh axis's shape")))
+    elif isinstance(ranks, TensorInfo):
+        shape = list(ranks.shape)
+    else:
+        raise Refusal("a DTensor's mesh records no shape")
+    coords = _ints(coordinates, "a DTensor's mesh coordinates")
+    if len(coords) != len(shape) or any(c >= n for c, n in zip(coords, shape, strict=True)):
+        raise Refusal(f"mesh coordinates {coords} lie outside the mesh {tuple(shape)}")
+    return tuple(shape), coords
+
+
+def _placement(value: Any) -> tuple[str, int | None]:
+    """A placement's name for reports and the dimension it shards (None: replicated)."""
+    if isinstance(value, DataRecord):
+        short = value.record_name.rpartition(".")[2]
+        if short == "Replicate":
+            return "Replicate()", None
+        if short == "Shard":
+            dim = value.field("dim")
+            if type(dim) is not int or dim < 0:
+                raise Refusal("a Shard placement without a dimension")
+            return f"Shard({dim})", dim
+        if short == "Partial":
+            raise Refusal("a DTensor with a Partial placement holds partial sums, not "
+                          "shards; reduce it (full_tensor()) before saving")
+    raise Refusal("a DTensor placement ckptport does not assemble (_StridedShard or unknown)")
+
+
+def _slots(state: Any) -> Any:
+    """A tensor subclass's pickled state: a dict, or the (dict, slots) pair of one with slots."""
+    if isinstance(state, tuple) and len(state) == 2 and (
+            state[0] is None or isinstance(state[0], dict)) and isinstance(state[1], dict):
+        return {**(state[0] or {}), **state[1]}
+    return state
+
+
+def _dtensor(shell: _Shell, state: Any) -> ShardLayout:
+    """A DTensor's local shard and where it lies, as torch's
+    ``compute_local_shape_and_global_offset`` places it: each sharded mesh dimension
+    splits the tensor dimension in chunks of ``ceil(n / k)``."""
+    state = _slots(state)
+    if not isinstance(state, dict):
+        raise Refusal("a DTensor's state must be a dict")
+    local = state.get("_local_tensor")
+    if not isinstance(local, TensorInfo):
+        raise Refusal("a DTensor without a local tensor")
+    spec = _record(state.get("_spec"), "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+                   "a DTensor's spec")
+    mesh_shape, coords = _mesh(spec)
+    placements = spec.field("placements")
+    if not isinstance(placements, (tuple, list)) or len(placements) != len(mesh_shape):
+        raise Refusal("a DTensor's placements do not match its mesh")
+    named = [_placement(p) for p in placements]
+    sizes, offsets = list(shell.shape), [0] * len(shell.shape)
+    for (_, dim), parts, coord in zip(named, mesh_shape, coords, strict=True):
+        if dim is None:
+            continue
+        if dim >= len(sizes):
+            raise Refusal(f"a Shard({dim}) placement on a {len(sizes)}-d tensor")
+        chunk = -(-sizes[dim] // parts) if sizes[dim] else 0
+        start = min(coord * chunk, sizes[dim])
+        offsets[dim] += start
+        sizes[dim] = max(0, min(sizes[dim], start + chunk) - start)
+    if tuple(sizes) != local.shape:
+        raise Refusal(f"a DTensor's local tensor has shape {local.shape}; its placements "
+                      f"give {tuple(sizes)}")
+    rank = 0
+    for coord, parts in zip(coords, mesh_shape, strict=True):
+        rank = rank * parts + coord
+    return ShardLayout(DTENSOR, shell.shape, shell.dtype, math.prod(mesh_shape), rank,
+                       (Piece(tuple(offsets), local),), tuple(n for n, _ in named))
+
+
+def _box(metadata: Any) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
+    meta = _record(metadata, "torch.distributed._shard.metadata.ShardMetadata",
+                   "a shard's metadata")
+    offsets = _ints(meta.field("shard_offsets"), "shard offsets")
+    sizes = _ints(meta.field("shard_sizes"), "shard sizes")
+    if len(offsets) != len(sizes):
+        raise Refusal("shard offsets and sizes differ in length")
+    placement = meta.field("placement")
+    rank = placement.field("_rank") if isinstance(placement, DataRecord) else None
+    return offsets, sizes, rank if type(rank) is int else None
+
+
+def _sharded_tensor(shell: _Shell, state: Any) -> ShardLayout:
+    """A ShardedTensor's local shards and the boxes its metadata says every rank holds."""
+    if not (isinstance(state, tuple) and len(state) >= 2 and isinstance(state[0], list)):
+        raise Refusal("a ShardedTensor's state must be (local shards, metadata, ...)")
+    metadata = _record(state[1], "torch.distributed._shard.sharded_tensor.metadata."
+                       "ShardedTensorMetadata", "a ShardedTensor's metadata")
+    shape = _ints(metadata.field("size"), "a ShardedTensor's size")
+    if shape != shell.shape:
+        raise Refusal(f"a ShardedTensor of size {shell.shape} whose metadata says {shape}")
+    listed = metadata.field("shards_metadata")
+    if not isinstance(listed, list) or not listed:
+        raise Refusal("a ShardedTensor's metadata lists no shards")
+    boxes = [_box(m) for m in listed]
+    pieces, ranks = [], []
+    for shard in state[0]:
+        record = _record(shard, "torch.distributed._shard.sharded_tensor.shard.Shard",
+                         "a local shard")
+        tensor = record.field("tensor")
+        if not isinstance(tensor, TensorInfo):
+            raise Refusal("a local shard without a tensor")
+        offsets, sizes, rank = _box(record.field("metadata"))
+        if sizes != tensor.shape or (offsets, sizes) not in [b[:2] for b in boxes]:
+            raise Refusal(f"a local shard of shape {tensor.shape} at {offsets} disagrees "
+                          "with the ShardedTensor's metadata")
+        pieces.append(Piece(offsets, tensor))
+        ranks.append(rank)
+    world = max([len(boxes)] + [r + 1 for *_, r in boxes if r is not None])
+    rank = next((r for r in ranks if r is not None), -1)
+    return ShardLayout(SHARDED_TENSOR, shape, shell.dtype, world, rank, tuple(pieces),
+                       (f"ChunkSharding({len(boxes)} shards)",),
+                       tuple((o, s) for o, s, _ in boxes))
+
+
+_TENSOR_CLASSES = {name: _data_class(name) for name in (DTENSOR, SHARDED_TENSOR)}
+
+
+def distributed_table() -> dict[str, Any]:
+    """Qualified name -> what a pickle gets for it; merged into ``allowed.table``."""
+    table: dict[str, Any] = {name: _data_class(name) for name in (
+        *_DTENSOR_PARTS, *_SHARDED_TENSOR_PARTS, *_DEEPSPEED_PARTS)}
+    table.update(_TENSOR_CLASSES)
+    table[_WRAPPER] = Allowed(_WRAPPER, _wrapper)
+    table[_FROM_TYPE] = Allowed(_FROM_TYPE, _from_type_distributed)
+    table[_ZERO_STAGE] = Allowed(_ZERO_STAGE, _zero_stage)
+    return table

@@ -1,0 +1,69 @@
+"""``normalize --hash-name``: name the output after its own sha256, as torch.hub wants.
+
+``torch.hub.load_state_dict_from_url(check_hash=True)`` takes the hex digits
+after the first ``-`` that is followed by hex digits and a dot in the file
+name (``resnet18-f37072fd.pth``) and checks that the file's sha256 starts
+with them; timm's ``clean_checkpoint`` names its outputs the same way. The
+name is known only once the file is written, so the file is written (and
+verified) under a hidden temporary name in DST's folder, hashed, then
+renamed in one step: DST's folder never shows a partial or unhashed file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from ..errors import OutputError
+from .plan import Destination, Target
+from .staging import fsync_dir
+
+__all__ = ["HASH_PREFIX_WIDTH", "staging_destination", "publish_hashed", "hashed_name"]
+
+HASH_PREFIX_WIDTH = 8
+_HUB_HASH = re.compile(r"-([a-f0-9]*)\.")  # torch.hub's HASH_REGEX
+_CHUNK = 1 << 22
+
+
+def hashed_name(dst: Path, sha256: str) -> Path:
+    """``STEM-<first 8 hex>.EXT`` beside ``dst``."""
+    return dst.with_name(f"{dst.stem}-{sha256[:HASH_PREFIX_WIDTH]}{dst.suffix}")
+
+
+def staging_destination(destination: Destination) -> Destination:
+    """Where the file is written before its name is known; one file only."""
+    if destination.sharded or destination.target is Target.DCP:
+        raise OutputError("--hash-name names one file by its sha256; a shard set or DCP "
+                          "folder has many (write a single .pth or .safetensors)",
+                          destination.path)
+    path = destination.path
+    return Destination(path.with_name(f".{path.name}.ckptport-hash-name"), destination.target)
+
+
+def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
+    """Rename the written file to its hashed name; the temporary file never stays behind."""
+    try:
+        digest = hashlib.sha256()
+        with written.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        final = hashed_name(dst, digest.hexdigest())
+        found = _HUB_HASH.search(final.name)
+        if found is None or found.group(1) != digest.hexdigest()[:HASH_PREFIX_WIDTH]:
+            raise OutputError(f"torch.hub would read the hash from the wrong part of "
+                              f"{final.name!r}; choose a DST name without '-' before hex "
+                              "digits and a dot", dst)
+        if final.exists() and not overwrite:
+            raise OutputError(f"{final.name} exists; pass --overwrite to replace it", dst)
+        os.replace(written, final)
+        fsync_dir(final.parent)
+        return final
+    except OSError as exc:
+        raise OutputError(f"cannot name the output by its hash: {exc.strerror or exc}",
+                          dst) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            written.unlink()

@@ -1,0 +1,400 @@
+"""Distributed-training checkpoints written by the frameworks themselves, read offline.
+
+Ground truth is the frameworks' own: DeepSpeed's
+``get_fp32_state_dict_from_zero_checkpoint`` run on the very files
+(ours, written by the session fixture, so loading them with full
+unpickling is safe here), FSDP's gathered full state dict. Every output is
+written by the CLI, loaded back with ``safetensors``/``torch.load(
+weights_only=True)`` and compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from fixtures.distributed import DS_CONFIGS, WS1, net_class
+from fixtures.hostile import PROTO2, STOP, system, write_zip
+
+ZERO_TO_FP32 = [c for c in DS_CONFIGS if c not in ("s0_bf16", "s1_bf16_fp32acc")]
+CASES = [(2, c) for c in ZERO_TO_FP32] + [(1, c) for c in WS1 if c in ZERO_TO_FP32]
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real DeepSpeed, Lightning and FSDP checkpoints (world sizes 1 and 2), made once."""
+    pytest.importorskip("deepspeed", reason="the test extra's deepspeed is not installed")
+    pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is not installed")
+    from fixtures.distributed import build
+
+    return build(tmp_path_factory.mktemp("distributed"))
+
+
+def _quiet(call: Any, *args: Any) -> Any:
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return call(*args)
+
+
+def _zero_to_fp32(folder: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return _quiet(get_fp32_state_dict_from_zero_checkpoint, str(folder))
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    for key, tensor in want.items():
+        assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape, key
+        assert _bits(got[key]) == _bits(tensor), key
+
+
+def _normalize(run: Any, src: Path, dst: Path) -> dict[str, torch.Tensor]:
+    """``src`` normalized by the CLI and loaded back; tied names of a .safetensors output
+    restored from ckptport's ``ckptport.aliases`` metadata."""
+    result = run("normalize", src, dst)
+    assert result.exit_code == 0, result.stderr
+    if dst.suffix != ".safetensors":
+        return torch.load(dst, weights_only=True)
+    loaded = load_file(dst)
+    with safe_open(dst, "pt") as handle:
+        aliases = json.loads((handle.metadata() or {}).get("ckptport.aliases", "{}"))
+    for name, others in aliases.items():
+        loaded.update(dict.fromkeys(others, loaded[name]))
+    return loaded
+
+
+def _module(folder: Path) -> dict[str, torch.Tensor]:
+    """The half-precision ``module`` copy, from our own file."""
+    tag = folder / (folder / "latest").read_text().strip()
+    path = next(tag.glob("*mp_rank_00_model_states.pt"))
+    return torch.load(path, weights_only=False)["module"]
+
+
+@pytest.mark.parametrize(("world", "config"), CASES)
+def test_zero_matches_zero_to_fp32(dist, run, tmp_path, world, config):
+    folder = dist / "ds" / f"ws{world}" / config
+    want = _zero_to_fp32(folder)
+    got = _normalize(run, folder, tmp_path / "out.pth")
+    _same(got, want)
+    assert [k for k in got if k in want] == list(want)
+    extra = {k: v for k, v in got.items() if k not in want}
+    if DS_CONFIGS[config][0] == 1:  # frozen parameters: no fp32 copy; zero_to_fp32 drops them
+        assert sorted(extra) == ["frozen.bias", "frozen.weight"]
+        _same(extra, {k: _module(folder)[k] for k in extra})
+    else:
+        assert not extra
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lightning_deepspeed_matches_zero_to_fp32(dist, run, tmp_path, world, stage):
+    folder = dist / "lightning" / f"ws{world}" / f"s{stage}" / "epoch=0.ckpt"
+    want = _zero_to_fp32(folder)
+    assert "model.fc1.weight" in want  # Lightning's own key names
+    got = _normalize(run, folder, tmp_path / "out.pth")
+    _same(got, want)
+    assert list(got) == list(want)
+    model = net_class()()
+    model.load_state_dict({k.removeprefix("model."): v for k, v in got.items()}, strict=True)
+
+
+def test_zero3_state_dict_loads_strictly_and_keeps_ties(dist, run, tmp_path):
+    got = _normalize(run, dist / "ds" / "ws2" / "s3_bf16", tmp_path / "out.pth")
+    model = net_class()()
+    model.load_state_dict(got, strict=True)
+    assert got["head.weight"].untyped_storage().data_ptr() == \
+        got["emb.weight"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_bf16_optimizer_layout(dist, run, tmp_path, world):
+    """ZeRO-1 with fp32 gradient accumulation (BF16_Optimizer): zero_to_fp32 refuses its
+    files ("not a zero checkpoint"); DeepSpeed's own ZeRO-1/2 merge, fed the parsed
+    files, is the truth."""
+    from deepspeed.utils import zero_to_fp32 as z
+
+    folder = dist / "ds" / f"ws{world}" / "s1_bf16_fp32acc"
+    tag = folder / "global_step2"
+    models = _quiet(z.parse_model_states, [str(tag / "mp_rank_00_model_states.pt")])
+    optims = [torch.load(p, weights_only=False)["optimizer_state_dict"]
+              for p in sorted(tag.glob("*optim_states.pt"))]
+    assert len(optims) == world and all("zero_stage" not in o for o in optims)
+    want = _quiet(z._get_fp32_state_dict_from_zero2_checkpoint, world,
+                  [o["single_partition_of_fp32_groups"] for o in optims], models, False)
+    got = _normalize(run, folder, tmp_path / "out.safetensors")
+    _same(got, want)
+    net_class()().load_state_dict(got, strict=True)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_stage0_bf16_gives_the_fp32_masters(dist, run, tmp_path, world):
+    folder = dist / "ds" / f"ws{world}" / "s0_bf16"
+    states = torch.load(folder / "global_step2" / "mp_rank_00_model_states.pt",
+                        weights_only=False)
+    masters = [t for group in states["optimizer"]["fp32_groups"] for t in group]
+    model = net_class()()
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(masters) == len(trainable)
+    got = _normalize(run, folder, tmp_path / "out.safetensors")
+    _same(got, dict(zip(trainable, masters, strict=True)))
+    _same(got, {k: states["module"][k] for k in ("frozen.weight", "frozen.bias", "running")})
+    for name in trainable:  # the module copy is the masters rounded: the matching is right
+        assert torch.equal(got[name].to(torch.bfloat16), states["module"][name])
+    model.load_state_dict(got, strict=True)
+
+
+def test_inspect_shows_layout_and_the_half_copy(dist, run):
+    result = run("inspect", dist / "ds" / "ws2" / "s3_bf16")
+    assert result.exit_code == 0
+    for fact in ("framework: deepspeed", "zero_stage: 3", "world_size: 2",
+                 "tag: global_step2", "master_dtype: float32", "DANGEROUS"):
+        assert (fact in result.stdout) is (fact != "DANGEROUS"), fact
+    assert "--select module" in run("inspect", dist / "ds" / "ws2" / "s2_bf16").stdout
+
+
+def test_tag_folder_and_latest_agree(dist, run, tmp_path):
+    folder = dist / "ds" / "ws2" / "s2_fp32"
+    whole = _normalize(run, folder, tmp_path / "a.safetensors")
+    tag = _normalize(run, folder / "global_step2", tmp_path / "b.safetensors")
+    _same(tag, whole)
+
+
+# -- FSDP and DTensor rank files --------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("kind", ["fsdp1", "fsdp2", "dtensor"])
+def test_rank_files_match_the_full_state_dict(dist, run, tmp_path, world, kind):
+    want = torch.load(dist / "truth" / f"ws{world}" / f"{kind}.pt", weights_only=True)
+    got = _normalize(run, dist / kind / f"ws{world}", tmp_path / "out.pth")
+    _same(got, want)
+    assert list(got) == list(want)
+    if kind != "dtensor":
+        net_class()().load_state_dict(got, strict=True)
+
+
+@pytest.mark.parametrize("kind", ["fsdp1", "fsdp2", "dtensor"])
+def test_one_rank_file_is_data_not_dangerous(dist, run, tmp_path, kind):
+    single = next((dist / kind / "ws2").glob("*rank0.pt"))
+    result = run("inspect", single)
+    assert result.exit_code == 0 and "DANGEROUS" not in result.stdout
+    assert "world_size: int 2" in result.stdout
+    checked = run("check", single)
+    assert checked.exit_code == 1 and "CKP013" in checked.stdout and "CKP003" not in \
+        checked.stdout
+    refused = run("normalize", single, tmp_path / "out.safetensors")
+    assert refused.exit_code == 2 and "normalize the folder of all rank files" in \
+        refused.stderr
+
+
+def test_whole_dtensors_read_as_plain_tensors(dist, run, tmp_path):
+    single = dist / "dtensor" / "ws1" / "state_rank0.pt"
+    want = torch.load(dist / "truth" / "ws1" / "dtensor.pt", weights_only=True)
+    _same(_normalize(run, single, tmp_path / "out.safetensors"), want)
+
+
+def test_distributed_checkpoints_check_clean_of_layout_codes(dist, run):
+    result = run("check", dist / "ds" / "ws2" / "s3_bf16", dist / "fsdp1" / "ws2",
+                 dist / "fsdp2" / "ws2", "--ignore", "CKP002")
+    assert result.exit_code == 0, result.stdout
+
+
+# -- partial and inconsistent layouts --------------------------------------------------
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _refused(run: Any, src: Path, dst: Path, *words: str) -> str:
+    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    result = run("normalize", src, dst)
+    assert result.exit_code == 2, result.stdout
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    for word in words:
+        assert word in line, line
+    assert not dst.exists()
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
+    return line
+
+
+def _checked(run: Any, src: Path, *words: str) -> None:
+    result = run("check", src)
+    assert result.exit_code == 1 and "CKP013" in result.stdout, result.stdout
+    for word in words:
+        assert word in result.stdout, result.stdout
+
+
+def test_missing_zero_rank(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s2_bf16", tmp_path / "ds")
+    (folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    _refused(run, folder, tmp_path / "out.safetensors", "global_step2", "rank 1 of 2")
+    _checked(run, folder, "rank 1 of 2 is missing")
+
+
+def test_missing_zero3_model_states_rank(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s3_fp32", tmp_path / "ds")
+    (folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2")
+
+
+def test_stale_zero_ranks_from_a_bigger_run(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s2_fp32", tmp_path / "ds")
+    tag = folder / "global_step2"
+    for rank in (2, 3):
+        shutil.copy(tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                    tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    _same(_normalize(run, folder, tmp_path / "out.safetensors"), _zero_to_fp32(
+        dist / "ds" / "ws2" / "s2_fp32"))
+    _checked(run, tag, "left over from an earlier run")
+
+
+def test_zero_world_sizes_disagree(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s2_bf16", tmp_path / "ds")
+    shutil.copy(dist / "ds" / "ws1" / "s2_bf16" / "global_step2" / "mp_rank_00_model_states.pt",
+                folder / "global_step2" / "mp_rank_00_model_states.pt")
+    _refused(run, folder, tmp_path / "out.safetensors", "1 data-parallel ranks")
+    _checked(run, folder, "the optimizer states 2")
+
+
+def test_missing_fsdp_rank_and_stale_rank(dist, run, tmp_path):
+    folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp")
+    shutil.copy(folder / "model_rank1.pt", folder / "model_rank2.pt")
+    _checked(run, folder, "model_rank2.pt", "left over")
+    (folder / "model_rank1.pt").unlink()
+    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2 is missing")
+    _checked(run, folder, "rank 1 of 2 is missing")
+
+
+def test_fsdp_rank_files_of_different_runs(dist, run, tmp_path):
+    folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp")
+    shutil.copy(dist / "fsdp2" / "ws1" / "model_rank0.pt", folder / "model_rank1.pt")
+    _refused(run, folder, tmp_path / "out.safetensors", "model_rank1.pt", "holds no shard")
+    _checked(run, folder, "holds no shard")
+
+
+def _repickle(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
+    """``src`` with bytes of its pickle replaced, written by torch's own zip writer."""
+    with zipfile.ZipFile(src) as archive:
+        records = {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
+    assert old in records["data.pkl"]
+    writer = torch._C.PyTorchFileWriter(str(dst))
+    for name, record in records.items():
+        record = record.replace(old, new) if name == "data.pkl" else record
+        writer.write_record(name, record, len(record))
+    writer.write_end_of_file()
+    return dst
+
+
+def test_overlapping_shards(dist, run, tmp_path):
+    """FSDP1 rank 1's shard of emb.weight (11 rows: 6 + 5) claimed at row 5, not 6."""
+    folder = _copy(dist / "fsdp1" / "ws2", tmp_path / "fsdp")
+    _repickle(dist / "fsdp1" / "ws2" / "model_rank1.pt", folder / "model_rank1.pt",
+              b"K\x06K\x00e", b"K\x05K\x00e")
+    _refused(run, folder, tmp_path / "out.safetensors", "emb.weight", "overlap")
+    _checked(run, folder, "overlap")
+
+
+@pytest.mark.parametrize(("config", "shape", "words"), [
+    ("s2_fp32", None, "shorter than param_shapes need"),
+    ("s3_fp32", None, "shorter than param_shapes need"),
+    ("s2_fp32", (70, 13), "fc2.weight needs elements"),
+    ("s3_fp32", (7, 12), "lying shapes or a short group")])
+def test_short_flat_group_and_lying_numels(dist, run, tmp_path, config, shape, words):
+    """Every rank's flat groups cut short by 8 elements, or param_shapes lying about
+    fc2.weight (7 x 13)."""
+    folder = _copy(dist / "ds" / "ws2" / config, tmp_path / "ds")
+    tag = folder / "global_step2"
+    if shape is None:
+        for path in tag.glob("*optim_states.pt"):
+            state = torch.load(path, weights_only=False)
+            osd = state["optimizer_state_dict"]
+            key = "fp32_flat_groups" if "fp32_flat_groups" in osd else \
+                "single_partition_of_fp32_groups"
+            osd[key] = [g[:-8].clone() for g in osd[key]]
+            torch.save(state, path)
+    else:
+        path = sorted(tag.glob("*model_states.pt"))[0]
+        state = torch.load(path, weights_only=False)
+        state["param_shapes"][0]["fc2.weight"] = torch.Size(shape)
+        torch.save(state, path)
+    _refused(run, folder, tmp_path / "out.safetensors", words)
+
+
+def test_latest_naming_a_missing_tag_or_outside(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws1" / "s2_bf16", tmp_path / "ds")
+    for tag, words in (("global_step9", ("latest", "global_step9")),
+                       ("../ws2", ("latest", "not a tag folder inside")),
+                       ("/etc", ("latest", "not a tag folder inside"))):
+        (folder / "latest").write_text(tag)
+        result = run("normalize", folder, tmp_path / "out.safetensors")
+        assert result.exit_code == 2 and all(w in result.stderr for w in words), result.stderr
+        assert "\n" not in result.stderr.strip()
+        assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_truncated_rank_file(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s3_bf16", tmp_path / "ds")
+    path = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    path.write_bytes(path.read_bytes()[:-600])
+    _refused(run, folder, tmp_path / "out.safetensors", path.name)
+    result = run("check", folder)
+    assert result.exit_code == 2 and "CKP008" in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["ds", "fsdp"])
+def test_hostile_rank_file(dist, run, tmp_path, sentinel, kind):
+    if kind == "ds":
+        folder = _copy(dist / "ds" / "ws2" / "s3_bf16", tmp_path / "ds")
+        victim = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    else:
+        folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp")
+        victim = folder / "model_rank1.pt"
+    victim.unlink()
+    write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
+    line = _refused(run, folder, tmp_path / "out.safetensors", victim.name)
+    assert "os.system" in line
+    assert "DANGEROUS" in run("inspect", folder).stdout
+    checked = run("check", folder)
+    assert checked.exit_code == 1 and "CKP003" in checked.stdout and "os.system" in \
+        checked.stdout
+    assert not sentinel.exists()
+
+
+def test_half_precision_copy_by_select_module(dist, run, tmp_path):
+    folder = dist / "ds" / "ws2" / "s2_bf16"
+    note = run("inspect", folder).stdout
+    assert "--select module" in note
+    model_states = folder / "global_step2" / "mp_rank_00_model_states.pt"
+    result = run("normalize", model_states, "--select", "module", tmp_path / "half.pth")
+    assert result.exit_code == 0, result.stderr
+    _same(torch.load(tmp_path / "half.pth", weights_only=True), _module(folder))
+
+
+def test_folder_mode_converts_each_layout_once(dist, run, tmp_path):
+    result = run("normalize", dist / "ds" / "ws2", tmp_path / "out")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    got = torch.load(tmp_path / "out" / "s3_fp32" / "global_step2.pth", weights_only=True)
+    _same(got, _zero_to_fp32(dist / "ds" / "ws2" / "s3_fp32"))
+    result = run("normalize", dist / "fsdp1", tmp_path / "fsdp")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    _same(torch.load(tmp_path / "fsdp" / "ws2.pth", weights_only=True),
+          torch.load(dist / "truth" / "ws2" / "fsdp1.pt", weights_only=True))

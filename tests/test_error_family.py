@@ -1,0 +1,198 @@
+"""One error family: file problems are input errors naming the file, never usage errors or
+escaped exceptions; options never swallow a path; what torch runs is what check sees."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from numpy._core.multiarray import _reconstruct, scalar
+
+import ckptport
+from ckptport.commands.manifest import load_manifest
+from fixtures.hostile import LEGACY_MAGIC, call, global_, text
+
+
+class _Reduce:
+    """Pickles as ``reduce``: a value numpy's own pickling would write, with other parts."""
+
+    def __init__(self, reduce: tuple[Any, ...]) -> None:
+        self.reduce = reduce
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.reduce
+
+
+def _array(dtype: str, shape: tuple[int, ...], data: bytes) -> _Reduce:
+    return _Reduce((_reconstruct, (np.ndarray, (0,), b"b"),
+                    (1, shape, np.dtype(dtype), False, data)))
+
+
+NUMPY_REJECTS = {
+    "s0_array": _array("S0", (3,), b""),
+    "v0_scalar": _Reduce((scalar, (np.dtype("V0"), b""))),
+    "dims_65": _array("f4", (1,) * 65, b"\0\0\0\0"),
+    "generic_datetime": _array("M8", (2,), struct.pack("<2q", 1, 2)),
+}
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("numpy")
+    made = {}
+    for name, value in NUMPY_REJECTS.items():
+        made[name] = out / f"{name}.pt"
+        torch.save({"state_dict": {"w": torch.ones(2)}, "value": value}, made[name])
+    return made
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_REJECTS))
+def test_numpy_values_numpy_rejects_are_input_errors(rejected, run, tmp_path, name):
+    path = rejected[name]
+    for args in (("inspect", path), ("normalize", path, tmp_path / "o.pth", "--select", "all")):
+        result = run(*args)
+        if result.exit_code == 0:  # read as data numpy accepts; conversion must still work
+            continue
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"ckptport: error: {path}: ")
+        assert "internal error" not in result.stderr and "Traceback" not in result.output
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.pth").exists() or name == "generic_datetime"
+
+
+def test_check_keeps_the_good_files_report(rejected, fx, run):
+    result = run("check", fx["plain"], rejected["s0_array"], "--format", "json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 2
+    by_path = {Path(f["path"]).name: f for f in report["files"]}
+    assert by_path["plain.pth"]["unreadable"] is False
+    assert by_path["s0_array.pt"]["unreadable"] is True
+
+
+def test_the_library_raises_the_family(rejected):
+    with pytest.raises(ckptport.CkptportError, match="numpy itself rejects"):
+        ckptport.read(rejected["s0_array"])
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"strip_prefixes": 5}, "strip_prefixes"), ({"ema": {}}, "ema"),
+    ({"keep_prefixes": "yes"}, "keep_prefixes"), ({"dtype": "int4"}, "dtype"),
+    ({"select": 3}, "select"), ({"colour": "red"}, "colour"),
+])
+def test_a_manifests_options_are_checked(fx, run, tmp_path, options, field):
+    made = tmp_path / "m.json"
+    assert run("manifest", fx["plain"], "-o", made).exit_code == 0
+    doc = json.loads(made.read_text())
+    doc["options"].update(options)
+    made.write_text(json.dumps(doc))
+    with pytest.raises(ckptport.InputError, match=f'"options".*{field}'):
+        load_manifest(made)
+    result = run("check", fx["plain"], "--against-manifest", made)
+    assert result.exit_code == 2 and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--finite", "--finite-all"])
+def test_no_option_swallows_a_path(fx, run, flag):
+    result = run("check", flag, fx["dtypes"], "--format", "json")
+    assert result.exit_code == 1, result.output  # dtypes holds a NaN
+    assert [Path(f["path"]).name for f in json.loads(result.stdout)["files"]] == ["dtypes.pth"]
+
+
+def test_ema_flags_never_swallow_a_path(fx, run, tmp_path):
+    out = tmp_path / "e.pth"
+    assert run("normalize", "--ema", fx["ema_timm"], out).exit_code == 0
+    assert run("normalize", "--prefer-ema", fx["plain"], tmp_path / "p.pth").exit_code == 0
+
+
+def test_a_dcp_folder_without_metadata_is_one_broken_checkpoint(run, tmp_path):
+    folder = tmp_path / "broken_dcp"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"\0" * 64)
+    out = tmp_path / "out.pth"
+    result = run("normalize", folder, out)
+    assert result.exit_code == 2 and not out.exists()
+    assert "holds DCP data files (*.distcp) but no .metadata" in result.stderr
+
+
+def test_a_folder_of_checkpoints_to_a_file_dst_is_a_usage_error(fx, run, tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a.pth").write_bytes(fx["plain"].read_bytes())
+    out = tmp_path / "out.pth"
+    result = run("normalize", folder, out)
+    assert result.exit_code == 2 and not out.exists()
+    assert f"{folder}: is a folder of checkpoints" in result.stderr and "out.pth" in result.stderr
+
+
+def test_complex_nan_and_negative_zero_verify(tmp_path, run):
+    src = tmp_path / "z.pt"
+    torch.save({"state_dict": {"w": torch.ones(1)}, "z": complex(math.nan, 1.0), "n": -0.0},
+               src)
+    for out in (tmp_path / "z.pth", tmp_path / "z.safetensors"):
+        result = run("normalize", src, out, "--select", "all")
+        assert result.exit_code == 0, result.stderr
+    loaded = torch.load(tmp_path / "z.pth", weights_only=True)
+    assert math.isnan(loaded["z"].real) and math.copysign(1, loaded["n"]) == -1
+
+
+def test_no_numpy_warning_reaches_stderr(tmp_path, run):
+    src = tmp_path / "ld.pt"
+    torch.save({"state_dict": {"w": torch.ones(1)}, "huge": np.longdouble("1e4000")}, src)
+    result = run("normalize", src, tmp_path / "o.pth", "--select", "all")
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def _legacy_with_magic_payload(sentinel: Path) -> bytes:
+    """The magic-number pickle (the first a legacy file holds) calls os.system, then pushes
+    the magic number: torch.load runs it before anything else."""
+    magic = (b"\x80\x02" + call(global_("os", "system"), text(f"touch {sentinel}")) + b"0"
+             + pickle.dumps(LEGACY_MAGIC, protocol=2)[2:])
+    sys_info = {"protocol_version": 1001, "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    return (magic + pickle.dumps(1001, protocol=2) + pickle.dumps(sys_info, protocol=2)
+            + pickle.dumps({"w": 1}, protocol=2) + pickle.dumps([], protocol=2))
+
+
+def test_a_payload_in_the_magic_pickle_is_named_by_every_command(tmp_path, run, sentinel):
+    path = tmp_path / "magic.pt"
+    path.write_bytes(_legacy_with_magic_payload(sentinel))
+    check = run("check", path, "--format", "json")
+    codes = {f["code"] for f in json.loads(check.stdout)["files"][0]["findings"]}
+    assert check.exit_code == 1 and "CKP003" in codes
+    assert "os.system" in run("inspect", path).stdout
+    assert run("normalize", path, tmp_path / "o.pth").exit_code == 2
+    assert not sentinel.exists()
+
+
+def test_the_pickle_is_followed_past_the_first_mib(tmp_path, run, sentinel):
+    """A pickle that skips 2 MiB (a string torch never looks inside) before its payload:
+    the verdict of whether torch.load would run it reads as far as the pickle goes."""
+    from ckptport.containers.sniff import torch_would_unpickle
+    from ckptport.sources import open_source
+
+    skipped = 2 << 20
+    payload = call(global_("os", "system"), text(f"touch {sentinel}")) + b"."
+    path = tmp_path / "x.pt"
+    path.write_bytes(b"B" + struct.pack("<I", skipped) + b"{" * skipped + b"0" + payload)
+    assert torch_would_unpickle(open_source(path))
+    result = run("check", path, "--format", "json")
+    codes = {f["code"] for f in json.loads(result.stdout)["files"][0]["findings"]}
+    assert "CKP003" in codes and not sentinel.exists()
+
+
+def test_the_cli_prints_before_importing_torch_or_the_commands():
+    probe = ("import sys, ckptport.cli; "
+             "print(sorted(m for m in sys.modules if m == 'torch' "
+             "or m.startswith('ckptport.commands')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
