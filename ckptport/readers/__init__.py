@@ -49,10 +49,11 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     from ..containers.sniff import sniff
     from ..remote.urls import is_remote
 
-    if is_remote(path):  # a URL: the remote package decides what it names and opens it
-        from ..remote import location, resolve_remote
+    if is_remote(path):  # a URL: opened by range, then read as a local file is
+        from ..remote import location
+        from .remote import resolve_url
 
-        return resolve_remote(location(path))  # type: ignore[arg-type]
+        return resolve_url(location(path))  # type: ignore[arg-type]
     given = Path(path)
     target = given
     if given.is_dir():
