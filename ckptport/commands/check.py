@@ -35,7 +35,6 @@ from ..errors import (
     OptionError,
 )
 from ..progress import Progress, no_progress
-from ..remote.urls import location as source_location
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..unpickle import allowed_names
@@ -440,12 +439,13 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
 
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
+    from ..remote.urls import location
     from .discover import discover
 
     found: list[Any] = []  # Path, or RemotePath
     skipped: list[Skipped] = []
     for raw in paths:
-        path = source_location(raw)  # a URL stays whole (never a folder to search)
+        path = location(raw)  # a URL stays whole (never a folder to search)
         if not isinstance(path, Path) or not path.is_dir():
             found.append(path)
             continue

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..remote import meter
 
 if TYPE_CHECKING:
     from ..commands.check import CheckReport
@@ -114,6 +113,8 @@ class JsonFormatter:
 
 def _network() -> dict[str, Any]:
     """``transferred``: what the command fetched over the network, when a source was remote."""
+    from ..remote import meter
+
     made = meter.transferred()
     return {} if made is None else {"transferred": jsonable(made)}
 
