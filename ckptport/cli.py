@@ -30,7 +30,8 @@ from .progress import Progress, no_progress
 from .render import formats_for
 from .rules import CAST_CHOICES, NormalizeOptions
 from .tree import paused_gc
-from .writers.plan import ANCHOR_PATTERN, Target
+from .writers.formats import FORMATS
+from .writers.plan import ANCHOR_PATTERN
 
 __all__ = ["main", "cli"]
 
@@ -107,9 +108,8 @@ def _progress(quiet: bool) -> Iterator[Progress]:
 
 
 class _Location(click.ParamType):
-    """A local path, or a URL (hf://, s3://, http(s)://) kept whole, never folded into a
-    ``Path`` (which would turn ``https://`` into ``https:/``): sources may be remote, and
-    a URL given as DST is refused by name."""
+    """A source: a local path, or a URL (hf://, s3://, http(s)://) kept whole, never
+    folded into a ``Path`` (which would turn ``https://`` into ``https:/``)."""
 
     name = "path"
 
@@ -222,6 +222,20 @@ def _is_checkpoint_folder(path: Path) -> bool:
         any((path / name).exists() for name in HF_WEIGHTS) or is_rank_layout(path)
 
 
+class _OutputFormatName(click.ParamType):
+    """A name of ``writers.formats.FORMATS``, read when the command runs (formats registered
+    after start-up are offered too)."""
+
+    name = "format"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> str:
+        if value not in FORMATS:
+            self.fail(f"{value!r} is not an output format (known: {', '.join(FORMATS)})",
+                      param, ctx)
+        return str(value)
+
+
 def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
     if not re.fullmatch(ANCHOR_PATTERN, value):
         raise click.BadParameter("must be 'cpu' or 'cuda:N'")
@@ -240,9 +254,10 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("src", type=LOCATION)
-@click.argument("dst", type=LOCATION)
-@click.option("--to", type=click.Choice([t.value for t in Target]),
-              help="Output format (default: from DST's extension).")
+@click.argument("dst", type=click.Path())  # a str: a trailing "/" means a folder (a shard set)
+@click.option("--to", type=_OutputFormatName(), metavar="FORMAT",
+              help="Output format: pth, safetensors, dcp or a registered one (default: from "
+                   "DST's extension).")
 @_normalize_options
 @click.option("--anchor", default="cpu", show_default=True, callback=_anchor,
               help="Device the .pth records for its storages: cpu or cuda:N (no GPU needed).")
@@ -276,7 +291,7 @@ def cli() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
-def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
+def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
               options: NormalizeOptions, max_expansion: float | None, anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
@@ -310,10 +325,6 @@ def normalize(ctx: click.Context, src: Path, dst: Path, to: str | None,
         ctx.exit(folder_report.exit_code)
     if part is not None or dry_run:
         raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
-    if hash_name and (max_shard_size is not None or to == "dcp" or dst.is_dir()
-                      or str(dst).endswith(os.sep)):
-        raise click.UsageError("--hash-name names one file by its sha256; a shard set or DCP "
-                               "folder has many")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import os
 import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import InputError
 
 __all__ = ["SourceFile", "MemorySource", "open_source", "check_regular", "Snapshot",
-           "read_more_than_once", "rereads_expected"]
+           "sha256_files", "read_more_than_once", "rereads_expected"]
 
 Snapshot = tuple[int, int, int, int]  # device, inode, size, mtime_ns
 _REREADS: contextvars.ContextVar[bool] = contextvars.ContextVar("rereads", default=False)
@@ -183,3 +185,27 @@ def open_source(path: Path) -> SourceFile:
         os.close(fd)
         raise InputError(f"is not a regular file ({_kind(st.st_mode)})", path)
     return SourceFile(path, fd, st)
+
+
+_HASH_CHUNK = 1 << 22
+
+
+def sha256_files(paths: tuple[Path, ...]) -> str:
+    """sha256 of the files' bytes in order (a shard set: its index, then its shards).
+
+    What ``inspect --hash`` shows, safetensors outputs record as
+    ``ckptport.source_sha256`` and folder mode's journal compares.
+    """
+    digest = hashlib.sha256()
+    for path in paths:
+        _hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def _hash_into(digest: Any, path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError as exc:
+        raise InputError.from_os_error(exc, path) from None

@@ -22,7 +22,7 @@ def _codes(result) -> list[str]:
 
 @pytest.fixture(scope="module")
 def normalized(fx, tmp_path_factory) -> Path:
-    from ckptport.commands.normalize import convert
+    from ckptport.commands.normalize import normalize_file as convert
 
     out = tmp_path_factory.mktemp("normalized") / "clean.pth"
     convert(fx["ddp_cuda3"], out)
@@ -106,7 +106,7 @@ def test_finite(fx, run):
 
 
 def test_require_format(fx, run, tmp_path):
-    from ckptport.commands.normalize import convert
+    from ckptport.commands.normalize import normalize_file as convert
 
     st = tmp_path / "w.safetensors"
     convert(fx["plain"], st)

@@ -111,7 +111,7 @@ def test_every_format_renders_inspect_exactly(fx):
 @pytest.fixture(scope="module")
 def converted(fx, tmp_path_factory) -> dict[str, Path]:
     """A safetensors file (plain and --select all) and shard sets of both kinds."""
-    from ckptport.commands.normalize import convert
+    from ckptport.commands.normalize import normalize_file as convert
     from ckptport.rules import NormalizeOptions
 
     out = tmp_path_factory.mktemp("converted")

@@ -46,11 +46,11 @@ from ..errors import (
 from ..parallel import workers
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
-from ..writers.plan import FILE_EXTENSIONS, Target
-from ..writers.plan import file_extension as _extension
+from ..sources import sha256_files
+from ..writers.formats import FORMATS, Kind, OutputFormat, by_extension
+from ..writers.plan import file_extension
 from .discover import Found, discover, inside
 from .manifest import options_of
-from .normalize import sha256_files
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -59,7 +59,6 @@ __all__ = ["FolderOptions", "FileOutcome", "FolderReport", "normalize_folder", "
            "JOURNAL_DIR", "in_part"]
 
 JOURNAL_DIR = ".ckptport-journal"
-_TARGET_EXTENSIONS = {Target.PTH: ".pth", Target.SAFETENSORS: ".safetensors", Target.DCP: ""}
 
 
 @dataclass(frozen=True)
@@ -138,29 +137,28 @@ def in_part(relative: str, part: tuple[int, int] | None) -> bool:
     return digest % count == index - 1
 
 
-def _output_name(found: Found, src: Path, target: Target) -> str:
+def _output_name(found: Found, src: Path, fmt: OutputFormat) -> str:
     """``a/b/model.pth.tar`` -> ``a/b/model.pth``; a shard set or DCP folder -> its folder."""
     path = found.path
     if path.name.endswith(".index.json"):  # the set's weights name, in its folder
         stem = path.name.removesuffix(".index.json")
         path = path.with_name(stem)
     relative = path.relative_to(src).as_posix()
-    name = relative.rsplit("/", 1)[-1].lower()
-    for extension in sorted((*FILE_EXTENSIONS, ".tar"), key=len, reverse=True):
-        if name.endswith(extension) and len(name) > len(extension):
-            relative = relative[:-len(extension)]
-            break
-    return relative + _TARGET_EXTENSIONS[target]
+    name = relative.rsplit("/", 1)[-1]
+    known = by_extension(name)
+    extension = known[0] if known else (".tar" if name.lower().endswith(".tar") else "")
+    if extension and len(name) > len(extension):
+        relative = relative[:-len(extension)]
+    return relative + (fmt.extension if fmt.kind is Kind.FILE else "")
 
 
 def plan_folder(src: Path, dst: Path, settings: FolderOptions
                 ) -> tuple[list[_Task], list[FileOutcome], list[tuple[str, str]]]:
     """The files of this part to convert, collisions (as failures), and non-checkpoints."""
-    try:
-        target = Target(settings.to)
-    except ValueError:
+    fmt = FORMATS.get(settings.to)
+    if fmt is None:
         raise OutputError(f"unknown output format {settings.to!r} (known: "
-                          f"{', '.join(t.value for t in Target)})", dst) from None
+                          f"{', '.join(FORMATS)})", dst)
     if not src.is_dir():
         raise InputError("is not a folder", src)
     if inside(dst, src) or inside(src, dst):
@@ -172,7 +170,7 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
     if not found.checkpoints:
         raise InputError("is a directory with no checkpoint in it (no checkpoint file, shard "
                          "set, DCP or Hugging Face folder below it)", src)
-    if _extension(dst):
+    if file_extension(dst):
         raise OptionError(f"is a folder of checkpoints, which folder mode writes to a folder, "
                           f"but DST {dst} names a file; name a folder", src)
     tasks: list[_Task] = []
@@ -182,7 +180,7 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
         source = item.path.relative_to(src).as_posix()
         if not in_part(source, settings.part):
             continue
-        output = _output_name(item, src, target)
+        output = _output_name(item, src, fmt)
         if output in taken:
             failed.append(FileOutcome(source, output, "failed",
                                       f"its output {output} is also {taken[output]}'s; rename "

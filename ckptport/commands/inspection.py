@@ -24,6 +24,7 @@ from ..errors import CkptportError
 from ..readers import open_checkpoint
 from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
 from ..rules.select import Select
+from ..sources import sha256_files
 from ..tensors import Pending, extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
 from ..tree import (
     Backref,
@@ -126,8 +127,6 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
     tree = checkpoint.tree
     sha256 = None
     if with_hash:  # the same digest normalize records as ckptport.source_sha256
-        from .normalize import sha256_files
-
         sha256 = sha256_files(source.files)
     weights_path, weights = _weights(checkpoint)
     beyond, dangerous = classify_globals(source)

@@ -17,7 +17,6 @@ written; the header's placeholder is patched once it is known.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -33,15 +32,15 @@ from ..readers import Source, open_checkpoint, resolve
 from ..remote.urls import is_remote, location
 from ..rules import NormalizeOptions, RuleResult, apply_rules
 from ..rules.keys import KEY_MAP_SHA256
-from ..sources import read_more_than_once
+from ..sources import read_more_than_once, sha256_files
 from ..tree import KEY_RULES, KEY_SOURCE_SHA256
 from ..writers import WriteOptions, WriteResult, write_to
 from ..writers.hashname import publish_hashed, staging_destination
-from ..writers.plan import Target, check_destination, plan_destination, same_file
+from ..writers.plan import check_destination, plan_destination, same_file
 from ..writers.safetensors import MetadataValue, Pending
 from .manifest import WrittenDigests, build_manifest, write_manifest
 
-__all__ = ["NormalizeReport", "ConvertReport", "normalize_file", "convert", "sha256_files",
+__all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]
 
 _CHUNK = 1 << 22
@@ -62,26 +61,6 @@ class NormalizeReport:
 
     def rule(self, name: str) -> RuleResult | None:
         return next((r for r in self.rules if r.rule == name), None)
-
-
-ConvertReport = NormalizeReport  # the round-1 name
-
-
-def sha256_files(paths: tuple[Path, ...]) -> str:
-    """sha256 of the files' bytes in order (a shard set: its index, then its shards)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        _hash_into(digest, path)
-    return digest.hexdigest()
-
-
-def _hash_into(digest: Any, path: Path) -> None:
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-    except OSError as exc:
-        raise InputError.from_os_error(exc, path) from None
 
 
 def _snapshot(files: tuple[Path, ...]) -> list[tuple[int, int, int]]:
@@ -168,7 +147,7 @@ def normalize_file(
             raise InputError("changed while it was read; nothing was written, run again",
                              source.path)
 
-    records_hash = destination.target is Target.SAFETENSORS
+    records_hash = destination.format.name == "safetensors"
     digests = WrittenDigests() if manifest is not None else None
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
         digest = pool.submit(sha256_files, source.files) \
@@ -202,9 +181,3 @@ def normalize_file(
                            None if manifest is None else Path(manifest),
                            None if made is None else made.digest, tuple(carried),
                            None if recipe is None else recipe.sha256)
-
-
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-            options: NormalizeOptions | None = None, **kwargs: Any) -> NormalizeReport:
-    """Round 1's name for ``normalize_file``, kept so existing code runs."""
-    return normalize_file(src, dst, options, **kwargs)

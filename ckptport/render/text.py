@@ -69,7 +69,7 @@ class TextFormatter:
         src = report.source
         verified = "verified" if out.verified else "not verified (--no-verify)"
         lines = [
-            f"wrote {out.path} ({out.format.value}, {out.tensors} tensors, "
+            f"wrote {out.path} ({out.format}, {out.tensors} tensors, "
             f"{human_bytes(out.bytes)}, {verified})",
             f"  source {src.path}: {src.format.value}, {human_bytes(src.size)}"
             + (f", sha256 {report.source_sha256[:16]}…" if report.source_sha256 else ""),

@@ -7,13 +7,12 @@ target takes the checkpoint, writes it into a staged temp file or folder
 bit with an independent read of the source (``verify``), and only then
 publishes it.
 
-To add a writer: write a module with a class that has ``target`` and
-``write(checkpoint, destination, options)``, and add it to ``_WRITERS``.
+To add an output format: a module with its writer and one ``register`` call
+in ``writers.formats`` (see there for the two kinds, file and folder).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,10 +24,10 @@ from ..errors import OutputError, VerificationError
 from ..progress import Progress, no_progress
 from ..tensors import nbytes, view_key
 from ..tree import iter_tensors
+from .formats import FORMATS, Kind, OutputFormat, register
 from .plan import (
     ANCHOR_PATTERN,
     Destination,
-    Target,
     check_destination,
     parse_size,
     plan_destination,
@@ -39,12 +38,10 @@ from .staging import StagedFile, os_error, staged_file
 if TYPE_CHECKING:
     from .safetensors import MetadataValue
 
-__all__ = ["Target", "OutputFormat", "Destination", "WriteOptions", "WriteResult", "Writer",
+__all__ = ["OutputFormat", "FORMATS", "Kind", "register", "Destination", "WriteOptions",
+           "WriteResult", "Writer", "FileFormat",
            "write", "write_to", "writer_for", "emit", "plan_destination", "check_destination",
            "same_file", "count_tensors", "unique_bytes", "parse_size", "ANCHOR_PATTERN"]
-
-OutputFormat = Target  # the name round 1 exported
-
 
 def _nothing() -> None:
     return None
@@ -74,7 +71,7 @@ class WriteOptions:
 @dataclass(frozen=True)
 class WriteResult:
     path: Path
-    format: Target
+    format: str  # the output format's name
     tensors: int
     bytes: int
     verified: bool
@@ -87,7 +84,7 @@ class WriteResult:
 
 
 class Writer(Protocol):
-    target: Target
+    """Writes a checkpoint to a planned destination: staged, verified, then published."""
 
     def write(self, checkpoint: Checkpoint, destination: Destination,
               options: WriteOptions) -> WriteResult: ...
@@ -108,8 +105,6 @@ class FileFormat(Protocol):
     """One single-file format: write a tree into an open file, then check what was written.
 
     ``write`` returns what ``verify`` needs from the writing (a layout plan).
-    To add one: a module with such a class, one entry in ``FILE_FORMATS``, and
-    the ``Target`` member ``--to`` names it by.
     """
 
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
@@ -119,68 +114,53 @@ class FileFormat(Protocol):
                advance: Callable[[int], None]) -> None: ...
 
 
-# target -> "module:class", imported when used (the .pth writer needs torch)
-FILE_FORMATS: dict[Target, str] = {
-    Target.PTH: "ckptport.writers.pth:PthFile",
-    Target.SAFETENSORS: "ckptport.writers.safetensors:SafetensorsFile",
-}
-
-
-def file_format(target: Target, dst: Path) -> FileFormat:
-    where = FILE_FORMATS.get(target)
-    if where is None:
-        raise OutputError(f"{target.value} is not a single-file format", dst)
-    module, _, name = where.partition(":")
-    made: FileFormat = getattr(importlib.import_module(module), name)()
-    return made
-
-
-def emit(target: Target, tree: Any, out: StagedFile, options: WriteOptions) -> None:
+def emit(fmt: OutputFormat, tree: Any, out: StagedFile, options: WriteOptions) -> None:
     """Write ``tree`` into ``out``'s temp file, fsync it and verify it (not yet published)."""
     name, total = out.dst.name, unique_bytes(tree)
-    fmt = file_format(target, out.dst)
+    if fmt.kind is not Kind.FILE:
+        raise OutputError(f"{fmt.name} is not a single-file format", out.dst)
+    writer: FileFormat = fmt.make()
     try:
-        written = fmt.write(tree, out.file, out.dst, options,
-                            options.progress(f"writing {name}", total))
+        written = writer.write(tree, out.file, out.dst, options,
+                               options.progress(f"writing {name}", total))
         out.sync()
         if options.verify:
-            fmt.verify(out.tmp, tree, written, options,
-                       options.progress(f"verifying {name}", total))
+            writer.verify(out.tmp, tree, written, options,
+                          options.progress(f"verifying {name}", total))
     except VerificationError as exc:  # name the destination, not its temp file
         raise VerificationError(exc.message, out.dst) from exc
 
 
 class FileWriter:
-    """A single ``.pth`` or ``.safetensors`` file."""
+    """One file of a file format."""
 
-    def __init__(self, target: Target) -> None:
-        self.target = target
+    def __init__(self, fmt: OutputFormat) -> None:
+        self.format = fmt
 
     def write(self, checkpoint: Checkpoint, destination: Destination,
               options: WriteOptions) -> WriteResult:
         path = destination.path
         try:
             with staged_file(path, overwrite=options.overwrite) as out:
-                emit(self.target, checkpoint.tree, out, options)
+                emit(self.format, checkpoint.tree, out, options)
                 options.precommit()
                 out.publish()
         except OSError as exc:
             raise os_error(exc, path) from exc
-        return WriteResult(path, self.target, count_tensors(checkpoint.tree),
+        return WriteResult(path, self.format.name, count_tensors(checkpoint.tree),
                            unique_bytes(checkpoint.tree), options.verify)
 
 
 def writer_for(destination: Destination) -> Writer:
-    """The writer of a planned destination."""
+    """The writer of a planned destination: a shard set, a folder format's, or one file."""
     if destination.sharded:
         from .shards import ShardsWriter
 
-        return ShardsWriter(destination.target)
-    if destination.target is Target.DCP:
-        from .dcp import DcpWriter
-
-        return DcpWriter()
-    return FileWriter(destination.target)
+        return ShardsWriter(destination.format)
+    if destination.format.kind is Kind.FOLDER:
+        made: Writer = destination.format.make()
+        return made
+    return FileWriter(destination.format)
 
 
 def write_to(checkpoint: Checkpoint, destination: Destination,
@@ -190,13 +170,24 @@ def write_to(checkpoint: Checkpoint, destination: Destination,
 
 
 def write(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, to: str | None = None,
-          max_shard_size: int | str | None = None, fmt: str | None = None,
-          **options: Any) -> WriteResult:
+          max_shard_size: int | str | None = None, **options: Any) -> WriteResult:
     """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified.
 
-    ``to`` is ``pth``, ``safetensors`` or ``dcp`` (default: from DST's
-    extension; ``fmt`` is its round-1 name); ``options`` are ``WriteOptions``
-    fields. An unknown or impossible format is an ``OutputError`` naming it.
+    Args:
+        checkpoint: what to write (``ckptport.read`` and ``ckptport.normalize`` make one).
+        dst: a file, or a folder for a shard set or a folder format.
+        to: a format of ``writers.formats.FORMATS`` (``pth``, ``safetensors``, ``dcp``);
+            default: from DST's extension.
+        max_shard_size: write a Hugging Face shard set of shards of at most this size.
+        **options: ``WriteOptions`` fields (``overwrite``, ``verify``, ``anchor``, …).
+
+    Returns:
+        A ``WriteResult``: where, which format, how many tensors and bytes.
+
+    Raises:
+        OutputError: an unknown or impossible format, DST exists, is the source, cannot
+            be written.
+        VerificationError: the written file does not read back bit for bit.
     """
-    destination = plan_destination(dst, to or fmt, max_shard_size)
+    destination = plan_destination(dst, to, max_shard_size)
     return write_to(checkpoint, destination, WriteOptions(**options))

@@ -23,7 +23,7 @@ from ..errors import VerificationError
 from ..tensors import to_torch
 from ..tree import is_tensor
 from . import WriteOptions, WriteResult, count_tensors, unique_bytes
-from .plan import Destination, Target
+from .plan import Destination
 from .staging import os_error, publish_folder, staged_folder
 from .verify import Independent
 
@@ -51,7 +51,7 @@ def _dcp_tree(value: Any, storages: dict[int, Any], renamed: list[str],
 
 
 class DcpWriter:
-    target = Target.DCP
+    """A ``torch.distributed.checkpoint`` folder (a folder format: it stages the folder)."""
 
     def write(self, checkpoint: Checkpoint, destination: Destination,
               options: WriteOptions) -> WriteResult:
@@ -93,5 +93,5 @@ class DcpWriter:
         if ties:
             notes.append(f"DCP stores every name on its own: {len(ties)} tied tensors are "
                          f"written once per name ({', '.join(ties[0])}, …)")
-        return WriteResult(folder, self.target, count_tensors(tree), total, options.verify,
+        return WriteResult(folder, "dcp", count_tensors(tree), total, options.verify,
                            notes=tuple(notes))

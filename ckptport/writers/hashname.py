@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from ..errors import OutputError
-from .plan import Destination, Target
+from .plan import Destination
 from .staging import fsync_dir
 
 __all__ = ["HASH_PREFIX_WIDTH", "staging_destination", "publish_hashed", "hashed_name"]
@@ -35,12 +35,12 @@ def hashed_name(dst: Path, sha256: str) -> Path:
 
 def staging_destination(destination: Destination) -> Destination:
     """Where the file is written before its name is known; one file only."""
-    if destination.sharded or destination.target is Target.DCP:
+    if destination.folder:
         raise OutputError("--hash-name names one file by its sha256; a shard set or DCP "
                           "folder has many (write a single .pth or .safetensors)",
                           destination.path)
     path = destination.path
-    return Destination(path.with_name(f".{path.name}.ckptport-hash-name"), destination.target)
+    return Destination(path.with_name(f".{path.name}.ckptport-hash-name"), destination.format)
 
 
 def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:

@@ -7,7 +7,6 @@ or one that exists without ``--overwrite`` fail at once.
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 from collections.abc import Iterable
@@ -15,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OutputError
+from .formats import FORMATS, Kind, OutputFormat, by_extension, output_format
 
-__all__ = ["Target", "Destination", "plan_destination", "check_destination", "same_file",
-           "parse_size", "FILE_EXTENSIONS", "DEFAULT_SHARD_SIZE", "ANCHOR_PATTERN"]
+__all__ = ["Destination", "plan_destination", "check_destination", "same_file", "parse_size",
+           "file_extension", "DEFAULT_SHARD_SIZE", "ANCHOR_PATTERN"]
 
 ANCHOR_PATTERN = r"cpu|cuda:\d+"
 DEFAULT_SHARD_SIZE = 5 * 10**9  # the hub's default
@@ -25,30 +25,22 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-class Target(str, enum.Enum):
-    """What ckptport writes: a torch ``.pth``, a ``.safetensors`` file, a DCP folder."""
-
-    PTH = "pth"
-    SAFETENSORS = "safetensors"
-    DCP = "dcp"
-
-
-FILE_EXTENSIONS = {".pth": Target.PTH, ".pt": Target.PTH, ".bin": Target.PTH,
-                   ".ckpt": Target.PTH, ".pth.tar": Target.PTH, ".pt.tar": Target.PTH,
-                   ".safetensors": Target.SAFETENSORS}
-
-
 @dataclass(frozen=True)
 class Destination:
-    """A planned output: the path, what to write there, and whether it is a shard set."""
+    """A planned output: the path, the format to write there, and whether it is a shard set."""
 
     path: Path
-    target: Target
+    format: OutputFormat
     shard_size: int | None = None  # a shard set of shards of at most this many bytes
 
     @property
     def sharded(self) -> bool:
         return self.shard_size is not None
+
+    @property
+    def folder(self) -> bool:
+        """Whether DST is a folder (a shard set, a DCP checkpoint) rather than one file."""
+        return self.sharded or self.format.kind is Kind.FOLDER
 
 
 def parse_size(text: str | int) -> int:
@@ -66,51 +58,54 @@ def parse_size(text: str | int) -> int:
 
 
 def file_extension(path: Path) -> str:
-    """The checkpoint-file extension ``path`` ends with (``.pth.tar`` whole), or ``""``."""
-    name = path.name.lower()
-    for extension in sorted(FILE_EXTENSIONS, key=len, reverse=True):
-        if name.endswith(extension):
-            return extension
-    return ""
+    """The extension of a file format ``path`` ends with (``.pth.tar`` whole), or ``""``."""
+    found = by_extension(path.name)
+    return found[0] if found else ""
 
 
-def _extension(path: Path) -> str:
-    return file_extension(path) or path.suffix.lower()
+def _known(kind: Kind | None = None) -> str:
+    return ", ".join(name for name, fmt in FORMATS.items() if kind is None or fmt.kind is kind)
 
 
-def plan_destination(dst: str | os.PathLike[str], to: str | Target | None = None,
+def plan_destination(dst: str | os.PathLike[str], to: str | None = None,
                      max_shard_size: int | str | None = None) -> Destination:
-    """The output ``dst`` names, with ``to`` and ``max_shard_size``; ``OutputError`` if none."""
+    """The output ``dst`` names, with ``to`` and ``max_shard_size``; ``OutputError`` if none.
+
+    ``to`` names a format of ``writers.formats``; without it the format comes from
+    DST's extension. A folder DST (an existing one, or a path ending in a separator)
+    or ``max_shard_size`` writes a shard set of a file format (safetensors by default).
+    """
     path = Path(dst)
-    target = None
+    fmt = None
     if to is not None:
-        try:
-            target = Target(to)
-        except ValueError:
-            known = ", ".join(t.value for t in Target)
-            raise OutputError(f"unknown output format {str(to)!r} (known: {known})",
-                              path) from None
-    extension = _extension(path)
-    if target is Target.DCP:
-        if extension in FILE_EXTENSIONS or path.is_file():
-            raise OutputError("a DCP checkpoint is a folder; name a folder, not a "
+        fmt = output_format(str(to))
+        if fmt is None:
+            raise OutputError(f"unknown output format {str(to)!r} (known: {_known()})", path)
+    extension = file_extension(path)
+    if fmt is not None and fmt.kind is Kind.FOLDER:
+        if extension or path.is_file():
+            raise OutputError(f"a {fmt.name} checkpoint is a folder; name a folder, not a "
                               f"{extension or 'file'} path", path)
         if max_shard_size is not None:
-            raise OutputError("--max-shard-size writes a shard set, not DCP", path)
-        return Destination(path, Target.DCP)
+            raise OutputError(f"--max-shard-size writes a shard set, not {fmt.name}", path)
+        return Destination(path, fmt)
     folder = path.is_dir() or str(dst).endswith((os.sep, "/"))
     if max_shard_size is not None or folder:
         size = DEFAULT_SHARD_SIZE if max_shard_size is None else _size(max_shard_size, path)
-        return Destination(path, target or Target.SAFETENSORS, size)
-    if target is None:
-        try:
-            target = FILE_EXTENSIONS[extension]
-        except KeyError:
-            known = ", ".join(FILE_EXTENSIONS)
+        fmt = fmt or FORMATS["safetensors"]
+        if fmt.shard_stem is None:
+            raise OutputError(f"{fmt.name} files have no shard-set naming; write one file",
+                              path)
+        return Destination(path, fmt, size)
+    if fmt is None:
+        found = by_extension(path.name)
+        if found is None:
+            known = ", ".join(ext for f in FORMATS.values() for ext in f.extensions)
             raise OutputError(f"cannot tell the output format from the extension "
-                              f"{extension or '(none)'!r} (known: {known}); pass --to",
-                              path) from None
-    return Destination(path, target)
+                              f"{path.suffix.lower() or '(none)'!r} (known: {known}); pass "
+                              "--to", path)
+        fmt = found[1]
+    return Destination(path, fmt)
 
 
 def _size(value: int | str, path: Path) -> int:
@@ -132,14 +127,14 @@ def check_destination(sources: Iterable[Path], destination: Destination,
                       overwrite: bool) -> None:
     """Refuse a destination that is a source (under any spelling) or exists."""
     dst = destination.path
-    if destination.sharded or destination.target is Target.DCP:
+    if destination.folder:
+        whole = not destination.sharded  # a folder format replaces DST whole
         if dst.exists() and not dst.is_dir():
             raise OutputError("exists and is not a folder; this output is a folder", dst)
         for source in sources:
-            if same_file(source, dst) or same_file(source.parent, dst) and \
-                    destination.target is Target.DCP:
+            if same_file(source, dst) or same_file(source.parent, dst) and whole:
                 raise OutputError(f"holds the source {source.name}; write elsewhere", dst)
-        if destination.target is Target.DCP and dst.exists() and not overwrite:
+        if whole and dst.exists() and not overwrite:
             raise OutputError("exists; pass --overwrite to replace it", dst)
         return
     if dst.is_dir():

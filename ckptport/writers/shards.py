@@ -33,7 +33,8 @@ from ..errors import OutputError
 from ..tensors import nbytes, storage_key, view_key
 from ..tree import KEY_ALIASES, is_state_dict, is_tensor, rebuild_dict
 from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
-from .plan import Destination, Target, same_file
+from .formats import OutputFormat
+from .plan import Destination, same_file
 from .staging import fsync_dir, os_error, staged_file, staged_folder
 
 __all__ = ["ShardsWriter", "split_shards", "ShardNames", "without_aliases"]
@@ -47,10 +48,10 @@ class ShardNames:
     extension: str
 
     @classmethod
-    def of(cls, target: Target) -> ShardNames:
-        if target is Target.SAFETENSORS:
-            return cls("model", ".safetensors")
-        return cls("pytorch_model", ".bin")
+    def of(cls, fmt: OutputFormat) -> ShardNames:
+        """The hub's names for a set of ``fmt``'s files (``pytorch_model-…bin`` for .pth)."""
+        extension = ".bin" if fmt.name == "pth" else fmt.extension
+        return cls(fmt.shard_stem or fmt.name, extension)
 
     def shard(self, number: int, count: int) -> str:
         if count == 1:
@@ -109,8 +110,8 @@ def split_shards(state: Mapping[str, Any], max_size: int) -> list[list[str]]:
 class ShardsWriter:
     """A shard set in the folder DST, in the hub's layout."""
 
-    def __init__(self, target: Target) -> None:
-        self.target = target
+    def __init__(self, fmt: OutputFormat) -> None:
+        self.format = fmt
 
     def write(self, checkpoint: Checkpoint, destination: Destination,
               options: WriteOptions) -> WriteResult:
@@ -119,9 +120,11 @@ class ShardsWriter:
         if not is_state_dict(state) or not all(is_tensor(v) for v in state.values()):
             raise OutputError("a shard set holds a flat state dict of tensors, and the selected "
                               "data holds more (e.g. --select all); write a single .pth", folder)
-        names = ShardNames.of(self.target)
+        names = ShardNames.of(self.format)
         self._check_folder(checkpoint, folder, names, options.overwrite)
-        kept, aliases = without_aliases(state) if self.target is Target.SAFETENSORS else \
+        # a file that stores each tensor once under one name (safetensors) leaves tied names
+        # out, as the hub does; a pickle (.bin) keeps both names over one storage
+        kept, aliases = without_aliases(state) if self.format.name == "safetensors" else \
             (state, {})
         assert destination.shard_size is not None
         groups = split_shards(kept, destination.shard_size)
@@ -138,7 +141,7 @@ class ShardsWriter:
         notes = (f"left {len(aliases)} tied names out of the shards, as the hub does (models "
                  "re-tie them on load; the index records them as ckptport.aliases): "
                  + ", ".join(f"{a} = {k}" for a, k in aliases.items()),) if aliases else ()
-        return WriteResult(folder, self.target, count_tensors(kept), unique_bytes(kept),
+        return WriteResult(folder, self.format.name, count_tensors(kept), unique_bytes(kept),
                            options.verify, files=tuple(folder / name for name in files),
                            notes=notes)
 
@@ -164,7 +167,7 @@ class ShardsWriter:
             name = names.shard(number, len(groups))
             shard = rebuild_dict(state, [(key, state[key]) for key in keys])  # keeps _metadata
             with staged_file(staging / name, overwrite=False) as out:
-                emit(self.target, shard, out, options)
+                emit(self.format, shard, out, options)
                 out.publish()
             weight_map.update(dict.fromkeys(keys, name))
             files.append(name)

@@ -1,0 +1,89 @@
+"""The output formats ckptport writes: one open registry, shaped like the readers'.
+
+Each ``OutputFormat`` says what ``--to`` calls it, which DST extensions
+choose it, whether it is one file or a folder, the names the hub gives a set
+of its files, and how to make its writer (imported when used: the ``.pth``
+writer needs torch). Planning DST, ``--to``'s choices, shard sets and folder
+mode all read this table, so a new format is one module and one
+``register`` call:
+
+- a file format makes a ``FileFormat``: ``write(tree, file, dst, options,
+  advance)`` into an open file and ``verify(path, tree, written, options,
+  advance)`` of the result; staging, fsync, shard sets and publishing are
+  done for it;
+- a folder format makes a ``Writer``: ``write(checkpoint, destination,
+  options)`` stages and publishes the folder itself (DCP).
+
+This module imports nothing heavy: the CLI reads it to offer ``--to``.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Kind", "OutputFormat", "FORMATS", "register", "output_format", "by_extension"]
+
+
+class Kind(enum.Enum):
+    FILE = "file"
+    FOLDER = "folder"
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One output format. ``factory`` is ``"module:Class"`` or a callable making the writer.
+
+    ``extensions`` choose it from DST's name (the first one is what folder mode
+    names its outputs); ``shard_stem`` names a hub shard set of these files
+    (``model`` -> ``model-00001-of-00002.safetensors``), None when it has none.
+    """
+
+    name: str
+    kind: Kind
+    factory: Any
+    extensions: tuple[str, ...] = ()
+    shard_stem: str | None = None
+
+    def make(self) -> Any:
+        """The writer (a ``FileFormat`` for files, a ``Writer`` for folders)."""
+        if callable(self.factory):
+            return self.factory()
+        module, _, name = str(self.factory).partition(":")
+        return getattr(importlib.import_module(module), name)()
+
+    @property
+    def extension(self) -> str:
+        """What a file of this format is named with (folder mode, shard sets)."""
+        return self.extensions[0] if self.extensions else ""
+
+
+FORMATS: dict[str, OutputFormat] = {}
+
+
+def register(fmt: OutputFormat) -> OutputFormat:
+    """Add (or replace) a format; every command offers it from then on."""
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+register(OutputFormat("pth", Kind.FILE, "ckptport.writers.pth:PthFile",
+                      (".pth", ".pt", ".bin", ".ckpt", ".pth.tar", ".pt.tar"),
+                      shard_stem="pytorch_model"))
+register(OutputFormat("safetensors", Kind.FILE, "ckptport.writers.safetensors:SafetensorsFile",
+                      (".safetensors",), shard_stem="model"))
+register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter"))
+
+
+def output_format(name: str) -> OutputFormat | None:
+    return FORMATS.get(name)
+
+
+def by_extension(filename: str) -> tuple[str, OutputFormat] | None:
+    """The (extension, format) a file name ends with, the longest extension first."""
+    lowered = filename.lower()
+    found = [(ext, fmt) for fmt in FORMATS.values() for ext in fmt.extensions
+             if lowered.endswith(ext)]
+    return max(found, key=lambda item: len(item[0])) if found else None
