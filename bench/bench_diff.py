@@ -96,7 +96,7 @@ def main() -> None:
             "read (cat A B)": ["sh", "-c", 'cat "$0" "$1" > /dev/null', str(pth),
                                str(safetensors)],
             "startup only": [sys.executable, "-c",
-                             "import torch, ckptport.cli, ckptport.commands.diff"],
+                             "import torch, ckptport.cli, ckptport.analysis.diffing"],
             "ckptport diff": [sys.executable, "-m", "ckptport", "diff", str(pth),
                               str(safetensors), "-q"],
             "naive torch.load": [sys.executable, "-c", NAIVE, str(pth), str(safetensors)],

@@ -6,7 +6,7 @@ anywhere; ``normalize_file`` does all three and verifies (what ``ckptport
 normalize`` runs), ``normalize_folder`` does it for a folder of them.
 ``diff``, ``inspect``, ``check`` and ``manifest`` are the other commands;
 ``load_state_dict`` and ``load_into`` the one-liners for training code.
-Report and option types live in their modules (``ckptport.commands.diff``,
+Report and option types live in their modules (``ckptport.analysis.diffing``,
 ``ckptport.rules``, …).
 
 Importing ckptport imports neither torch nor the commands: each name below
@@ -33,11 +33,10 @@ if TYPE_CHECKING:
     from .checkpoint import Checkpoint
     from .commands.check import check
     from .commands.diff import diff
-    from .commands.folder import normalize_folder
     from .commands.inspection import inspect
     from .commands.load import load_into, load_state_dict
     from .commands.manifest import manifest
-    from .commands.normalize import normalize_file
+    from .commands.normalize import normalize_file, normalize_folder
     from .readers import read
     from .rules import NormalizeOptions, normalize
     from .writers import write
@@ -70,7 +69,7 @@ _LAZY = {
     "Checkpoint": ".checkpoint",
     "check": ".commands.check",
     "diff": ".commands.diff",
-    "normalize_folder": ".commands.folder",
+    "normalize_folder": ".commands.normalize",
     "inspect": ".commands.inspection",
     "load_into": ".commands.load",
     "load_state_dict": ".commands.load",

@@ -1,4 +1,4 @@
-"""Exact comparison of two checkpoint trees, for verifying what was written.
+"""Comparing tensors and trees: bit-exact for verification, by value within a tolerance for diff.
 
 Bit-exact: tensors compare by dtype, shape and bytes (NaN payloads and the
 sign of zero included), read piece by piece so no tensor is held twice;
@@ -6,20 +6,34 @@ floats compare equal when both are NaN; a dict and an OrderedDict with the
 same items are equal (the pickle keeps the kind, JSON metadata does not
 need to). Ties must survive too: tensors that were one storage must be one
 storage again.
+
+By value (``compare_tensor``, what ``diff`` reports): both tensors are read
+window by window; identical windows cost one word-wise comparison (the same
+``_equal`` as above), so memory stays near one window pair whatever the
+size, and torch is imported only to compute the values of windows that
+differ in dtypes numpy cannot hold (bfloat16, float8). NaN equals NaN (any
+payload), ``-0.0`` equals ``0.0``; an element differs when
+``|a - b| > atol + rtol * |a|`` (A is the reference).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from .dtypes import dtype_of
+from .dtypes import DType, dtype_of
 from .parallel import run_all
+from .progress import Advance
 from .tensors import chunks, nbytes, view_key
 from .tree import KeyPath, format_path, is_tensor, iter_tensors
 
-__all__ = ["tree_mismatches", "tie_groups", "same_bytes", "leaf_equal"]
+__all__ = ["tree_mismatches", "tie_groups", "same_bytes", "leaf_equal", "Tolerance",
+           "TensorDelta", "compare_tensor", "CHUNK_ELEMENTS"]
+
+CHUNK_ELEMENTS = 1 << 20
+"""Elements compared by value at once: float64 temporaries of 8 MiB each."""
 
 Pieces = Callable[[Any], Iterable[bytes | memoryview]]
 
@@ -135,3 +149,159 @@ def tie_groups(tree: Any) -> list[list[str]]:
     for path, tensor in iter_tensors(tree):
         groups.setdefault(view_key(tensor), []).append(format_path(path))
     return sorted(g for g in groups.values() if len(g) > 1)
+
+
+# -- by value, within a tolerance (diff) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When two elements count as equal: ``|a - b| <= atol + rtol * |a|``, or both NaN."""
+
+    atol: float = 0.0
+    rtol: float = 0.0
+    cast: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.atol >= 0 and self.rtol >= 0):  # also refuses NaN
+            raise ValueError(f"atol and rtol must be >= 0, not {self.atol!r}, {self.rtol!r}")
+
+    @property
+    def exact(self) -> bool:
+        return self.atol == 0 and self.rtol == 0
+
+
+@dataclass(frozen=True)
+class TensorDelta:
+    """A tensor pair whose values are not all equal.
+
+    ``differing`` counts elements outside the tolerance (0: the tensor is
+    equal within tolerance but not exactly); ``index`` locates the largest
+    ``|a - b|`` (the first one on ties), where A held ``a`` and B held ``b``.
+    Relative error is ``|a - b| / |a|``: infinite where ``a`` is 0.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    dtype_a: str
+    dtype_b: str
+    numel: int
+    differing: int
+    max_abs: float
+    max_rel: float
+    index: tuple[int, ...]
+    a: Any
+    b: Any
+
+
+@dataclass
+class _Worst:
+    """Running statistics of one tensor pair, merged window by window."""
+
+    differing: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    flat_index: int = 0
+    a: Any = None
+    b: Any = None
+
+
+def _windows(pieces: Iterable[bytes | memoryview], size: int) -> Iterator[bytes | memoryview]:
+    """The stream re-cut into windows of exactly ``size`` bytes (the last may be shorter)."""
+    held = bytearray()
+    for piece in pieces:
+        if not held and len(piece) == size:
+            yield piece
+            continue
+        held += piece
+        while len(held) >= size:
+            yield bytes(held[:size])
+            del held[:size]
+    if held:
+        yield bytes(held)
+
+
+def compare_tensor(key: str, a: Any, b: Any, tolerance: Tolerance,
+                   advance: Advance) -> TensorDelta | None:
+    """Stats of ``a`` vs ``b`` (same shape), or None when every value is equal."""
+    type_a, type_b = dtype_of(a), dtype_of(b)
+    worst = _Worst()
+    start = 0
+    size_a, size_b = CHUNK_ELEMENTS * type_a.itemsize, CHUNK_ELEMENTS * type_b.itemsize
+    windows_b = _windows(chunks(b, size_b), size_b)  # read in windows: nothing re-cut
+    for window_a in _windows(chunks(a, size_a), size_a):
+        window_b = next(windows_b)
+        count = len(window_a) // type_a.itemsize
+        if type_a != type_b or len(window_a) != len(window_b) or \
+                not _equal(memoryview(window_a), memoryview(window_b)):
+            _compare_window(window_a, window_b, type_a, type_b, start, tolerance, worst)
+        start += count
+        advance(len(window_a))
+    if worst.max_abs == 0 and not worst.differing:
+        return None
+    index = _unravel(worst.flat_index, tuple(a.shape))
+    return TensorDelta(key, tuple(a.shape), type_a.name, type_b.name, math.prod(a.shape),
+                       worst.differing, worst.max_abs, worst.max_rel, index, worst.a, worst.b)
+
+
+def _values(window: bytes | memoryview, dtype: DType) -> Any:
+    """A window's values at a precision that holds them exactly (float64, complex128, int64)."""
+    import numpy as np
+
+    if dtype.numpy is not None:
+        values = np.frombuffer(window, dtype=dtype.to_numpy())
+    else:  # bfloat16, float8 and the like: torch knows their values
+        import torch
+
+        raw = torch.frombuffer(bytearray(window), dtype=dtype.to_torch()) if len(window) else \
+            torch.empty(0, dtype=dtype.to_torch())
+        values = raw.to(torch.float64 if dtype.is_floating_point else torch.int64).numpy()
+    if values.dtype.kind == "c":
+        return values.astype(np.complex128)
+    if values.dtype.kind == "f":
+        return values.astype(np.float64)
+    return values.astype(np.int64)
+
+
+def _compare_window(a: bytes | memoryview, b: bytes | memoryview, type_a: DType,
+                    type_b: DType, offset: int, tolerance: Tolerance, worst: _Worst) -> None:
+    """Fold one window pair into ``worst``."""
+    import numpy as np
+
+    x, y = _values(a, type_a), _values(b, type_b)
+    if x.dtype.kind == "c" or y.dtype.kind == "c":
+        x, y = x.astype(np.complex128), y.astype(np.complex128)
+    elif x.dtype.kind == "f" or y.dtype.kind == "f":
+        x, y = x.astype(np.float64), y.astype(np.float64)
+    with np.errstate(all="ignore"):
+        same = x == y
+        if x.dtype.kind in "fc":
+            same |= np.isnan(x) & np.isnan(y)
+        if bool(same.all()):  # -0.0 vs 0.0, NaN payloads: equal by value
+            return
+        fx, fy = (x, y) if x.dtype.kind in "fc" else (x.astype(np.float64), y.astype(np.float64))
+        magnitude = np.abs(fx)
+        delta = np.where(same, 0.0, np.abs(fx - fy))
+        delta = np.nan_to_num(delta, nan=np.inf)
+        relative = np.where(delta == 0, 0.0, delta / magnitude)
+        relative = np.nan_to_num(relative, nan=np.inf)
+        inside = same | (delta <= tolerance.atol + tolerance.rtol * magnitude)
+    worst.differing += int((~inside).sum())
+    local = int(delta.argmax())
+    if float(delta[local]) > worst.max_abs or (worst.a is None and not inside.all()):
+        worst.max_abs, worst.flat_index = float(delta[local]), offset + local
+        worst.a, worst.b = _item(x[local]), _item(y[local])
+    worst.max_rel = max(worst.max_rel, float(relative.max()))
+
+
+def _item(value: Any) -> Any:
+    item = value.item()
+    return str(item) if isinstance(item, complex) else item
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index: list[int] = []
+    for size in reversed(shape):
+        flat, rest = divmod(flat, size)
+        index.append(rest)
+    return tuple(reversed(index))

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["Blob", "StorageInfo", "TensorInfo", "Pending", "ViewKey", "view_key",
            "group_by_storage",
            "storage_key", "nbytes", "is_compact", "location", "chunks", "to_torch",
-           "to_numpy", "contiguous_strides", "human_bytes", "CHUNK_BYTES", "extent", "realize"]
+           "to_numpy", "contiguous_strides", "human_bytes", "CHUNK_BYTES", "extent", "realize",
+           "file_range"]
 
 CHUNK_BYTES = 1 << 24  # 16 MiB: what one read, hash or comparison step holds
 
@@ -304,6 +305,28 @@ def chunks(leaf: Any, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
             yield from _memory_chunks(_as_bytes(to_torch(leaf)), size)
     else:
         yield from _memory_chunks(_as_bytes(leaf.detach().contiguous()), size)
+
+
+def file_range(leaf: Any) -> tuple[SourceFile, int, int] | None:
+    """Source file, offset and length where ``chunks(leaf)`` lies verbatim, if it does.
+
+    So a writer can copy it file to file inside the kernel: a contiguous,
+    little-endian tensor of an open source file (or a ``Pending`` of one that
+    neither casts nor transforms). Views needing a gather, casts, big-endian storages and bytes
+    held in memory have no such range.
+    """
+    if isinstance(leaf, Pending):
+        unchanged = leaf.dtype == dtype_of(leaf.source) and not leaf.transform
+        return file_range(leaf.source) if unchanged else None
+    if not isinstance(leaf, TensorInfo) or not leaf.numel() or not leaf.is_contiguous():
+        return None
+    storage = leaf.storage
+    blob = storage.blob
+    if storage.big_endian or blob.file is None or blob.data is not None or blob.file.fd < 0:
+        return None
+    start, total = leaf.offset * leaf.dtype.itemsize, nbytes(leaf)
+    blob._check(start, total)
+    return blob.file, blob.offset + start, total
 
 
 def _memory_chunks(data: memoryview, size: int) -> Iterator[memoryview]:

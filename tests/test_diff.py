@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import save_file
 
 import ckptport
-import ckptport.commands.diff
+import ckptport.analysis.diffing
 from ckptport.render import ReportFormat, formatter
 
-DIFF_MODULE = importlib.import_module("ckptport.commands.diff")  # ckptport.diff is the function
+DIFF_MODULE = importlib.import_module("ckptport.compare")  # the window engine
 GOLDEN = Path(__file__).with_name("golden") / "diff_small.json"
 
 
@@ -241,11 +241,11 @@ def test_python_api_takes_checkpoints_and_leaves_their_tensors_alone(clean, weig
         return seen.append
 
     report = ckptport.diff(clean, mine, progress=progress)
-    assert isinstance(report, ckptport.commands.diff.DiffReport)
+    assert isinstance(report, ckptport.analysis.diffing.DiffReport)
     assert [d.key for d in report.value_mismatches] == ["head.1.bias"]
     assert seen[0] == sum(seen[1:]) > 0
     assert float(mine.tree["head.1.bias"][0]) == 7.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.equal = True  # type: ignore[misc]
-    with pytest.raises(ValueError, match="raw=True"):
+    with pytest.raises(ckptport.OptionError, match="raw=True"):
         ckptport.diff(clean, mine, raw=True, options=ckptport.NormalizeOptions())

@@ -18,7 +18,7 @@ import torch
 from numpy._core.multiarray import _reconstruct, scalar
 
 import ckptport
-from ckptport.commands.manifest import load_manifest
+from ckptport.analysis.manifests import load_manifest
 from fixtures.hostile import LEGACY_MAGIC, call, global_, text
 
 

@@ -167,7 +167,7 @@ def test_safetensors_output_loads_even_when_hash_is_slow(fx, tmp_path, monkeypat
     """The header's sha256 placeholder is patched before the file is synced and verified."""
     import ckptport
 
-    convert = sys.modules["ckptport.commands.normalize"]  # the module, not the function
+    convert = sys.modules["ckptport.commands.normalize.file"]  # the module, not the function
     real = convert.sha256_files
 
     def slow(paths):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import ckptport
-from ckptport.commands.folder import JOURNAL_DIR, FolderOptions, normalize_folder
+from ckptport.commands.normalize.folder import JOURNAL_DIR, FolderOptions, normalize_folder
 from ckptport.writers.staging import TEMP_SUFFIX
 
 

@@ -336,8 +336,8 @@ def test_manifest_records_the_recipe_and_check_reapplies_it(run, det, tmp_path):
     finally:
         det["toml"].with_suffix(".moved").rename(det["toml"])
     assert result.exit_code == 0, result.stdout + result.stderr
-    loaded = ckptport.commands.manifest.load_manifest(manifest)
-    assert ckptport.commands.manifest.manifest_options(loaded).key_steps[0].args == ("backbone",)
+    loaded = ckptport.analysis.manifests.load_manifest(manifest)
+    assert ckptport.analysis.manifests.manifest_options(loaded).key_steps[0].args == ("backbone",)
 
 
 def test_diff_applies_a_map_to_one_side(run, det, tmp_path):

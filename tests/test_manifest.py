@@ -20,12 +20,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ckptport
-from ckptport.commands.manifest import (
-    SCHEMA,
-    load_manifest,
-    manifest,
-    write_manifest,
-)
+from ckptport.analysis.manifests import SCHEMA, load_manifest, write_manifest
+from ckptport.commands.manifest import manifest
 from ckptport.errors import InputError
 from tests.test_properties import PROPERTY_SETTINGS, state_dicts
 

@@ -184,7 +184,7 @@ def test_renamed_copy_reads_the_same(fx, tmp_path):
 
 
 def test_drift_plot_is_a_png_of_the_right_series(fx, run, tmp_path):
-    from ckptport.commands.plot import drift_series
+    from ckptport.render.plot import drift_series
 
     state = ckptport.load_state_dict(fx["plain"])
     moved = {k: v.clone() for k, v in state.items()}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..analysis.survey import InspectReport, survey
 from ..checkpoint import Checkpoint, Format
 from ..errors import (
     EXIT_ERROR,
@@ -35,10 +36,10 @@ from ..errors import (
     OptionError,
 )
 from ..progress import Progress, no_progress
+from ..readers import open_checkpoint
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..unpickle import allowed_names
-from .inspection import InspectReport, inspect, read_for_report
 
 __all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding",
            "FileResult", "Skipped", "CheckReport", "check", "CODE_PATTERN", "FINITE_SCOPES"]
@@ -199,7 +200,7 @@ def _storage_bloat(file: FileUnderCheck) -> Iterable[Hit]:
 
 
 def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
-    from .finite import non_finite
+    from ..analysis.finite import non_finite
 
     assert file.settings.finite is not None
     if not file.values_readable:
@@ -223,10 +224,19 @@ def _against_reference(file: FileUnderCheck) -> Iterable[Hit]:
 def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
     if not file.values_readable:
         return ()
-    from .manifest import against_manifest
+    from ..analysis.manifests import against_manifest
 
-    return against_manifest(file.checkpoint, file.settings.manifest, file.settings.options,
-                            progress=file.settings.progress)
+    found = against_manifest(file.checkpoint, file.settings.manifest,
+                             progress=file.settings.progress)
+    hits = [(name, "missing (the manifest lists it)") for name in found.missing]
+    hits += [(name, "unexpected (the manifest does not list it)") for name in found.unexpected]
+    for want, have in found.changed:
+        hits.append((want.name, f"{have.dtype}{list(have.shape)}, the manifest says "
+                                f"{want.dtype}{list(want.shape)}"
+                     if (want.dtype, want.shape) != (have.dtype, have.shape) else
+                     f"content changed (sha256 {have.sha256[:12]}…, the manifest says "
+                     f"{want.sha256[:12]}…)"))
+    return sorted(hits)
 
 
 def _code_archive(file: FileUnderCheck) -> Iterable[Hit]:
@@ -411,11 +421,9 @@ def check(
                      manifest=_PLANNED if against_manifest is not None else None)
     chosen = _codes(codes, ignore, wanted)
     if against is not None and "CKP009" in chosen:
-        from ..readers import open_checkpoint
-
         settings = replace(settings, reference=open_checkpoint(against))
     if against_manifest is not None and "CKP010" in chosen:
-        from .manifest import load_manifest
+        from ..analysis.manifests import load_manifest
 
         settings = replace(settings, manifest=load_manifest(against_manifest))
     found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
@@ -439,8 +447,8 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
 
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
+    from ..readers.discover import discover
     from ..remote.urls import location
-    from .discover import discover
 
     found: list[Any] = []  # Path, or RemotePath
     skipped: list[Skipped] = []
@@ -462,8 +470,8 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Sk
 
 def _check_file(path: Path, codes: tuple[str, ...], settings: CheckSettings) -> FileResult:
     try:
-        checkpoint = read_for_report(path)
-        file = FileUnderCheck(checkpoint, inspect(checkpoint), settings)
+        checkpoint = open_checkpoint(path, lenient=True)  # for a report: nothing refused
+        file = FileUnderCheck(checkpoint, survey(checkpoint), settings)
         findings = [Finding(code, CODES[code].severity, path, key, message)
                     for code in codes for key, message in CODES[code].run(file)]
     except CkptportError as exc:
@@ -484,13 +492,15 @@ def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileR
 
 def _against(checkpoint: Checkpoint, settings: CheckSettings) -> list[Hit]:
     """Differences from the reference, both sides normalized alike (``ckptport diff``)."""
-    from .diff import diff
+    from ..analysis.diffing import Tolerance, compare_checkpoints
 
     reference = settings.reference
     assert reference is not None
     try:
-        report = diff(reference, checkpoint, atol=settings.atol, rtol=settings.rtol,
-                      options=settings.options, progress=settings.progress)
+        report = compare_checkpoints(reference, checkpoint,
+                                     Tolerance(settings.atol, settings.rtol),
+                                     options_a=settings.options, options_b=settings.options,
+                                     progress=settings.progress)
     except CkptportError as exc:  # e.g. no state dict to compare
         return [(None, f"cannot compare with the reference: {' '.join(exc.message.split())}")]
     rows: list[tuple[str | None, str]] = [

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ..analysis.diffing import DiffReport
+    from ..analysis.manifests import Manifest
+    from ..analysis.survey import InspectReport
     from ..commands.check import CheckReport
-    from ..commands.diff import DiffReport
-    from ..commands.folder import FolderReport
-    from ..commands.inspection import InspectReport
-    from ..commands.manifest import Manifest
-    from ..commands.normalize import NormalizeReport
+    from ..commands.normalize import FolderReport, NormalizeReport
 
 
 __all__ = ["ReportFormat", "Formatter", "FORMATTERS", "formatter", "formats_for"]

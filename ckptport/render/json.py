@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 
 if TYPE_CHECKING:
+    from ..analysis.diffing import DiffReport
+    from ..analysis.manifests import Manifest
+    from ..analysis.survey import InspectReport
     from ..commands.check import CheckReport
-    from ..commands.diff import DiffReport
-    from ..commands.folder import FolderReport
-    from ..commands.inspection import InspectReport
-    from ..commands.manifest import Manifest
-    from ..commands.normalize import NormalizeReport
+    from ..commands.normalize import FolderReport, NormalizeReport
 
 __all__ = ["JsonFormatter", "jsonable"]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .text import DIFF_LIMIT, Section, TextFormatter, diff_context, diff_sections, joined
 
 if TYPE_CHECKING:
-    from ..commands.diff import DiffReport
+    from ..analysis.diffing import DiffReport
 
 __all__ = ["MarkdownFormatter"]
 

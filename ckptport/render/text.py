@@ -15,12 +15,11 @@ from ..escape import printable
 from ..tensors import human_bytes
 
 if TYPE_CHECKING:
+    from ..analysis.diffing import DiffReport, TensorDelta
+    from ..analysis.manifests import Manifest
+    from ..analysis.survey import InspectReport, LayoutNode
     from ..commands.check import CheckReport
-    from ..commands.diff import DiffReport, TensorDelta
-    from ..commands.folder import FolderReport
-    from ..commands.inspection import InspectReport, LayoutNode
-    from ..commands.manifest import Manifest
-    from ..commands.normalize import NormalizeReport
+    from ..commands.normalize import FolderReport, NormalizeReport
     from ..rules import RuleResult
 
 __all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
@@ -232,7 +231,7 @@ _DELTA_HEADER = ("key", "dtype", "differing", "max |Δ|", "max rel", "at", "A", 
 
 
 def _delta_row(delta: TensorDelta) -> tuple[str, ...]:
-    from ..commands.diff import format_number
+    from ..analysis.diffing import format_number
 
     dtype = delta.dtype_a if delta.dtype_a == delta.dtype_b else f"{delta.dtype_a}/{delta.dtype_b}"
     return (delta.key, dtype, f"{delta.differing} of {delta.numel}",

@@ -3,9 +3,10 @@
 A destination is planned first (``plan``: DST and options turned into a
 ``Destination``, checked before anything is read); the writer for its
 target takes the checkpoint, writes it into a staged temp file or folder
-(``staging``), fsyncs it, reads it back and compares every tensor bit for
-bit with an independent read of the source (``verify``), and only then
-publishes it.
+(``staging``), fsyncs it while it reads it back and compares every tensor
+bit for bit with an independent read of the source (``verify``: the bytes
+verified are the page cache's, which fsync writes), and only then
+publishes it once both succeeded.
 
 To add an output format: a module with its writer and one ``register`` call
 in ``writers.formats`` (see there for the two kinds, file and folder).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
@@ -123,10 +125,13 @@ def emit(fmt: OutputFormat, tree: Any, out: StagedFile, options: WriteOptions) -
     try:
         written = writer.write(tree, out.file, out.dst, options,
                                options.progress(f"writing {name}", total))
-        out.sync()
-        if options.verify:
-            writer.verify(out.tmp, tree, written, options,
-                          options.progress(f"verifying {name}", total))
+        out.file.flush()
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the disk writes while the CPU verifies
+            synced = pool.submit(out.sync)
+            if options.verify:
+                writer.verify(out.tmp, tree, written, options,
+                              options.progress(f"verifying {name}", total))
+            synced.result()
     except VerificationError as exc:  # name the destination, not its temp file
         raise VerificationError(exc.message, out.dst) from exc
 

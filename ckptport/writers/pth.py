@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..dtypes import dtype_of
-from ..tensors import chunks, contiguous_strides, nbytes, view_key
+from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
 from ..tree import is_tensor, rebuild_dict
 from ..treejson import sorted_items
+from .staging import preallocate
 from .torchzip import ZipWriter
 
 if TYPE_CHECKING:
+    from ..sources import SourceFile
     from . import WriteOptions
 
 __all__ = ["PthFile", "write_pth", "canonical", "PICKLE_PROTOCOL"]
@@ -48,6 +50,7 @@ class _StorageRef:
 
 
 Produce = Callable[[], Iterator[bytes | memoryview]]
+Range = tuple["SourceFile", int, int]  # where a record's bytes lie verbatim in a source
 Tap = Callable[[Any, Iterable[memoryview]], Iterable[bytes | memoryview]]
 
 
@@ -57,14 +60,15 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file: Any, location: str, tap: Tap | None = None) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL)
         self.location, self.tap = location, tap
-        self.records: dict[str, tuple[Produce, int]] = {}
+        self.records: dict[str, tuple[Produce, int, Range | None]] = {}
         self._keys: dict[Any, str] = {}
 
-    def _key(self, identity: Any, produce: Produce, size: int) -> str:
+    def _key(self, identity: Any, produce: Produce, size: int, where: Range | None = None
+             ) -> str:
         if identity in self._keys:
             return self._keys[identity]
         key = str(len(self.records))
-        self.records[key] = (produce, size)
+        self.records[key] = (produce, size, where)
         self._keys[identity] = key
         return key
 
@@ -80,7 +84,7 @@ class _Pickler(pickle.Pickler):
         dtype = dtype_of(obj).to_torch()
         size = nbytes(obj)
         produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
-        key = self._key(view_key(obj), produce, size)
+        key = self._key(view_key(obj), produce, size, file_range(obj))
         shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[Any, Any] = OrderedDict()
@@ -173,15 +177,20 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, anchor, tap)
     pickler.dump(canonical(tree))
+    pickled = buffer.getvalue()
     archive = ZipWriter(file)
-    archive.record("data.pkl", [buffer.getvalue()])
+    reserved = preallocate(file, archive.bound([len(pickled)]
+                                               + [n for _, n, _ in pickler.records.values()]))
+    archive.record("data.pkl", [pickled])
     archive.record(".format_version", [b"1"])
     archive.record(".storage_alignment", [b"64"])
     archive.record("byteorder", [sys.byteorder.encode()])
-    for key, (produce, _) in pickler.records.items():
-        archive.record(f"data/{key}", _counted(produce(), advance))
+    for key, (produce, _, where) in pickler.records.items():
+        archive.record(f"data/{key}", _counted(produce(), advance), where)
     archive.record("version", [b"3\n"])
     archive.close()
+    if reserved:  # give back what was reserved beyond the archive
+        file.truncate(archive.position)
 
 
 def _counted(pieces: Iterator[bytes | memoryview], advance: Callable[[int], None]

@@ -24,8 +24,10 @@ from .._version import __version__
 from ..containers.safetensors import METADATA_KEY, Entry, encode_header
 from ..dtypes import dtype_of
 from ..errors import OutputError
-from ..tensors import chunks, nbytes, view_key
+from ..tensors import chunks, file_range, nbytes, view_key
 from ..tree import KEY_ALIASES, KEY_TREE, KEY_VERSION, KeyPath, format_path, iter_tensors
+from .copy import RangeCopier
+from .staging import preallocate
 
 if TYPE_CHECKING:
     from . import WriteOptions
@@ -145,12 +147,21 @@ def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
 def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[int], None],
                       tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
                       ) -> None:
+    preallocate(file, len(plan.header) + sum(e.end - e.start for e in plan.entries.values()))
     file.write(plan.header)
+    copier = RangeCopier(file)
     for name in plan.entries:
         tensor = plan.tensors[name]
+        where = file_range(tensor)
+        if tap is None and where is not None and copier.copy(*where):
+            advance(where[2])  # copied file to file by the kernel
+            continue
         pieces = chunks(tensor) if tap is None else tap(tensor, chunks(tensor))
+        done = 0
         for piece in pieces:  # one tensor at a time, piece by piece
-            file.write(piece)
+            if where is None or not copier.copy(where[0], where[1] + done, len(piece)):
+                file.write(piece)
+            done += len(piece)
             advance(len(piece))
     if any(isinstance(v, Pending) for v in plan.metadata.values()):
         file.seek(0)

@@ -21,17 +21,21 @@ give them (the umask), or those of the file they replace.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import OutputError
 
 __all__ = ["StagedFile", "staged_file", "staged_folder", "publish_folder", "fsync_dir",
+           "preallocate",
            "TEMP_SUFFIX", "os_error"]
 
 TEMP_SUFFIX = ".ckptport-tmp"
@@ -67,6 +71,46 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def preallocate(file: BinaryIO, size: int) -> bool:
+    """Reserve ``size`` bytes for ``file`` before it is written (Linux ``fallocate``); True
+    when reserved, and the file is then ``size`` bytes long until truncated.
+
+    ext4 otherwise allocates blocks as the page cache fills, which costs
+    kernel time on every write (2 GB written and fsynced, 4 rounds: 0.3-1.0 s
+    of system time preallocated, 0.5-2.1 s without; bench/README.md). A full
+    disk then fails here, before anything is written. Where there is no such
+    call (another OS, a filesystem without it, a stream that is not a file)
+    the file is written as before: ``posix_fallocate`` is not used, since
+    glibc emulates it by writing every block.
+    """
+    fallocate = _fallocate()
+    try:
+        fd = file.fileno()
+    except (AttributeError, OSError, ValueError):  # io.BytesIO and the like
+        return False
+    if fallocate is None or size <= 0:
+        return False
+    if fallocate(fd, 0, 0, size) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        raise OSError(code, os.strerror(code))
+    return False
+
+
+@functools.cache
+def _fallocate() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):  # pragma: no cover - a libc without it
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    call.restype = ctypes.c_int
+    return call
 
 
 class StagedFile:

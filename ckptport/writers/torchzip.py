@@ -21,7 +21,12 @@ import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from .copy import RangeCopier
+
+if TYPE_CHECKING:
+    from ..sources import SourceFile
 
 __all__ = ["ZipWriter", "ALIGNMENT"]
 
@@ -45,13 +50,20 @@ class ZipWriter:
         self.file, self.top = file, top
         self.position = 0
         self.members: list[_Member] = []
+        self.copier = RangeCopier(file)
 
     def _write(self, data: bytes | memoryview) -> None:
         self.file.write(data)
         self.position += len(data)
 
-    def record(self, name: str, pieces: Iterable[bytes | memoryview]) -> None:
-        """One member, its bytes given piece by piece (never all held at once)."""
+    def record(self, name: str, pieces: Iterable[bytes | memoryview],
+               source: tuple[SourceFile, int, int] | None = None) -> None:
+        """One member, its bytes given piece by piece (never all held at once).
+
+        ``source`` is where those bytes lie verbatim in a source file
+        (``tensors.file_range``): the pieces then only feed the CRC, and the
+        kernel copies the bytes file to file where it can.
+        """
         full = f"{self.top}/{name}".encode()
         offset = self.position
         start = offset + 30 + len(full) + 4
@@ -62,13 +74,23 @@ class ZipWriter:
         crc, size = 0, 0
         for piece in pieces:
             crc = zlib.crc32(piece, crc)
+            if source is not None and self.copier.copy(source[0], source[1] + size, len(piece)):
+                self.position += len(piece)
+            else:
+                self._write(piece)
             size += len(piece)
-            self._write(piece)
         if size >= _U32 or offset >= _U32:
             self._write(struct.pack("<4sIQQ", b"PK\x07\x08", crc, size, size))
         else:
             self._write(struct.pack("<4sIII", b"PK\x07\x08", crc, size, size))
         self.members.append(_Member(full, offset, size, crc))
+
+    def bound(self, sizes: Iterable[int], names: int = 64) -> int:
+        """At most how many bytes the archive takes: records of ``sizes`` (and the few small
+        ones torch adds) with names up to ``names`` bytes, directory and end records."""
+        sizes = list(sizes)
+        per_record = 2 * (46 + len(self.top) + names + 28) + ALIGNMENT + 24
+        return sum(sizes) + (len(sizes) + 8) * per_record + 1024
 
     def close(self) -> None:
         self.record(".data/serialization_id", [self._serialization_id()])

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from ..containers.sniff import is_tar, torch_would_unpickle
 from ..errors import CkptportError
-from ..readers.dcp import METADATA_FILE, is_dcp
-from ..readers.deepspeed import tag_files
-from ..readers.ranks import rank_files
 from ..sources import open_source
+from .dcp import METADATA_FILE, is_dcp
+from .deepspeed import tag_files
+from .ranks import rank_files
 
 __all__ = ["Found", "Discovery", "discover", "inside"]
 

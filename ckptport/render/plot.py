@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..analysis.diffing import DiffReport
 from ..errors import OutputError
-from .diff import DiffReport
 
 __all__ = ["DriftSeries", "drift_series", "plot_drift"]
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import (
+from ...analysis.manifests import options_of
+from ...errors import (
     EXIT_FINDINGS,
     EXIT_OK,
     CkptportError,
@@ -43,14 +44,13 @@ from ..errors import (
     OptionError,
     OutputError,
 )
-from ..parallel import workers
-from ..progress import Progress, no_progress
-from ..rules import NormalizeOptions
-from ..sources import sha256_files
-from ..writers.formats import FORMATS, Kind, OutputFormat, by_extension
-from ..writers.plan import file_extension
-from .discover import Found, discover, inside
-from .manifest import options_of
+from ...parallel import workers
+from ...progress import Progress, no_progress
+from ...readers.discover import Found, discover, inside
+from ...rules import NormalizeOptions
+from ...sources import sha256_files
+from ...writers.formats import FORMATS, Kind, OutputFormat, by_extension
+from ...writers.plan import file_extension
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -251,7 +251,7 @@ def _done_before(task: _Task, dst: Path, entry: dict[str, Any] | None, key: str)
 
 def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict[str, Any]:
     """One file, in a worker process: the outcome and the journal entry (if converted)."""
-    from .normalize import normalize_file
+    from .file import normalize_file
 
     start = time.monotonic()
     out = dst / task.output

@@ -25,20 +25,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import Format, SourceFacts
-from ..errors import InputError, OutputError, RuleError
-from ..progress import Progress, no_progress
-from ..readers import Source, open_checkpoint, resolve
-from ..remote.urls import is_remote, location
-from ..rules import NormalizeOptions, RuleResult, apply_rules
-from ..rules.keys import KEY_MAP_SHA256
-from ..sources import read_more_than_once, sha256_files
-from ..tree import KEY_RULES, KEY_SOURCE_SHA256
-from ..writers import WriteOptions, WriteResult, write_to
-from ..writers.hashname import publish_hashed, staging_destination
-from ..writers.plan import check_destination, plan_destination, same_file
-from ..writers.safetensors import MetadataValue, Pending
-from .manifest import WrittenDigests, build_manifest, write_manifest
+from ...analysis.manifests import WrittenDigests, build_manifest, write_manifest
+from ...checkpoint import Format, SourceFacts
+from ...errors import InputError, OutputError, RuleError
+from ...progress import Progress, no_progress
+from ...readers import Source, open_checkpoint, resolve
+from ...remote.urls import is_remote, location
+from ...rules import NormalizeOptions, RuleResult, apply_rules
+from ...rules.keys import KEY_MAP_SHA256
+from ...sources import read_more_than_once, sha256_files
+from ...tree import KEY_RULES, KEY_SOURCE_SHA256
+from ...writers import WriteOptions, WriteResult, write_to
+from ...writers.hashname import publish_hashed, staging_destination
+from ...writers.plan import check_destination, plan_destination, same_file
+from ...writers.safetensors import MetadataValue, Pending
 
 __all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]

@@ -1,0 +1,382 @@
+"""Manifests: the identity of a checkpoint's weights, whatever the container.
+
+A manifest lists every tensor of the normalized weights — name, dtype,
+shape, byte count and the sha256 of its canonical bytes (contiguous,
+row-major, little-endian: what ``chunks`` yields) — with the names tied to
+it, and one **weights digest**: the sha256 of the sorted per-tensor lines
+
+    ["name","dtype",[shape],nbytes,"sha256"]\\n...
+
+(compact JSON, one line per name, sorted by name, joined by newlines, no
+trailing newline). Ties, key order, sharding and the container do not
+enter it, so a ``.pth``, a ``.safetensors`` file, a shard set, a DCP folder
+and a Hugging Face folder holding the same weights have the same digest;
+a cast changes it. The file also records its schema version, the tool's
+version and the normalize options it was made with (``check
+--against-manifest`` normalizes the artifact with the same options).
+
+Hashing reads each unique tensor once, by position, on every core
+(hashlib releases the GIL); memory is one read buffer per worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..checkpoint import Checkpoint
+from ..dtypes import dtype_of
+from ..errors import CkptportError, InputError, OptionError, OutputError
+from ..parallel import run_all
+from ..progress import Progress, no_progress
+from ..rules import NormalizeOptions, apply_rules
+from ..rules.keys import recipe_from_json
+from ..tensors import ViewKey, chunks, nbytes, view_key
+from ..tree import format_path, iter_tensors
+
+__all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
+           "build_manifest", "load_manifest", "write_manifest", "is_manifest",
+           "compare_manifests", "against_manifest", "WrittenDigests", "options_of",
+           "manifest_options", "tied_elsewhere"]
+
+SCHEMA = "ckptport.manifest"
+VERSION = 1
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists tensors, not their bytes
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    sha256: str
+    tied: tuple[str, ...] = ()  # the other names of the same tensor (not in the digest)
+
+    def line(self) -> str:
+        return json.dumps([self.name, self.dtype, list(self.shape), self.nbytes, self.sha256],
+                          separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    tensors: tuple[TensorEntry, ...]  # sorted by name
+    options: Mapping[str, Any]
+    digest: str = field(init=False)
+    version: int = VERSION
+    tool: str = __version__
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", weights_digest(self.tensors))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def by_name(self) -> dict[str, TensorEntry]:
+        return {t.name: t for t in self.tensors}
+
+    def to_json(self) -> str:
+        doc = {"schema": SCHEMA, "version": self.version, "ckptport": self.tool,
+               "options": dict(self.options), "digest": self.digest,
+               "tensor_count": len(self.tensors), "total_bytes": self.total_bytes,
+               "tensors": [{**asdict(t), "shape": list(t.shape), "tied": list(t.tied)}
+                           for t in self.tensors]}
+        return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def weights_digest(entries: Iterable[TensorEntry]) -> str:
+    lines = sorted(entry.line() for entry in entries)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def options_of(options: NormalizeOptions) -> dict[str, Any]:
+    """The options as the manifest records them; key surgery only when used (so manifests
+    made without it are as before, and older ckptport versions still read them)."""
+    made: dict[str, Any] = {"select": options.select, "ema": options.ema,
+                            "strip_prefixes": list(options.strip_prefixes),
+                            "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
+    keys = {"subtree": options.subtree, "keep": list(options.keep), "drop": list(options.drop),
+            "rename": [list(pair) for pair in options.rename],
+            "map": options.loaded_recipe.to_json() if options.loaded_recipe else None}
+    made.update((name, value) for name, value in keys.items() if value)
+    return made
+
+
+def _digest(leaf: Any) -> str:
+    sha = hashlib.sha256()
+    for piece in chunks(leaf):
+        sha.update(piece)
+    return sha.hexdigest()
+
+
+class WrittenDigests:
+    """The sha256 of each tensor as a writer streams it (``normalize --manifest``).
+
+    ``tap`` wraps the pieces a writer writes; the manifest is then made from
+    the bytes written, with no second pass over the data.
+    """
+
+    def __init__(self) -> None:
+        self.done: dict[ViewKey, str] = {}
+        self._lock = threading.Lock()
+
+    def tap(self, leaf: Any, pieces: Iterable[bytes | memoryview]) -> Iterator[Any]:
+        sha = hashlib.sha256()
+        for piece in pieces:
+            sha.update(piece)
+            yield piece
+        with self._lock:
+            self.done[view_key(leaf)] = sha.hexdigest()
+
+
+def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
+                   jobs: int | None = None, known: Mapping[ViewKey, str] | None = None,
+                   progress: Progress = no_progress) -> Manifest:
+    """The manifest of a normalized checkpoint's tensors; ``known`` digests are not redone."""
+    named: dict[ViewKey, list[tuple[str, Any]]] = {}
+    for path, leaf in iter_tensors(checkpoint.tree):
+        named.setdefault(view_key(leaf), []).append((format_path(path), leaf))
+    known = known or {}
+    todo = [(key, names[0][1]) for key, names in named.items() if key not in known]
+    advance = progress("hashing", sum(nbytes(leaf) for _, leaf in todo))
+
+    def digest(item: tuple[ViewKey, Any]) -> str:
+        value = _digest(item[1])
+        advance(nbytes(item[1]))
+        return value
+
+    hashed = dict(zip((key for key, _ in todo),
+                      run_all(digest, todo, jobs=jobs, size=lambda item: nbytes(item[1])),
+                      strict=True))
+    entries = []
+    for key, names in named.items():
+        sha = known.get(key) or hashed[key]
+        for name, leaf in names:
+            tied = tuple(sorted(other for other, _ in names if other != name))
+            entries.append(TensorEntry(name, _dtype_name(leaf), tuple(leaf.shape), nbytes(leaf),
+                                       sha, tied))
+    duplicate = _first_duplicate(e.name for e in entries)
+    if duplicate is not None:
+        raise OutputError(f"two tensors are both named {duplicate!r}; a manifest names each "
+                          "tensor once", checkpoint.source.path)
+    return Manifest(tuple(sorted(entries, key=lambda e: e.name)), options_of(options))
+
+
+def _dtype_name(leaf: Any) -> str:
+    return str(dtype_of(leaf)).removeprefix("torch.")
+
+
+def _first_duplicate(names: Iterable[str]) -> str | None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
+def manifest_of(checkpoint: Checkpoint, options: NormalizeOptions | None = None, *,
+                jobs: int | None = None, progress: Progress = no_progress) -> Manifest:
+    """The checkpoint normalized with ``options``, its weights listed and hashed (torch-free
+    for zip, legacy, safetensors and shard sets, unless ``options`` cast)."""
+    options = options or NormalizeOptions()
+    normalized = apply_rules(checkpoint, options, lazy=True)
+    return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress)
+
+
+def write_manifest(made: Manifest, path: str | os.PathLike[str], *,
+                   overwrite: bool = True) -> Path:
+    """Write the manifest atomically (a temp file in the same folder, then renamed)."""
+    from ..writers.staging import os_error, staged_file
+
+    target = Path(path)
+    try:
+        with staged_file(target, overwrite=overwrite) as out:
+            out.file.write(made.to_json().encode())
+            out.sync()
+            out.publish()
+    except OSError as exc:
+        raise os_error(exc, target) from exc
+    return target
+
+
+# -- reading a manifest ---------------------------------------------------------------
+
+
+def is_manifest(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file that starts as a JSON object naming ckptport's schema."""
+    target = Path(path)
+    if not target.is_file():
+        return False
+    try:
+        with target.open("rb") as f:
+            head = f.read(4096).lstrip()
+    except OSError:
+        return False
+    return head[:1] == b"{" and SCHEMA.encode() in head
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """A manifest file, checked field by field; ``InputError`` naming the file and field."""
+    target = Path(path)
+    try:
+        size = target.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise InputError(f"is {size} bytes, too large for a manifest", target)
+        text = target.read_bytes().decode("utf-8")
+        doc = json.loads(text, parse_constant=_no_constant)
+    except OSError as exc:
+        raise InputError.from_os_error(exc, target) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"not a ckptport manifest: not JSON ({exc})", target) from None
+    field_ = _Fields(target)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise InputError(f"not a ckptport manifest: no \"schema\": \"{SCHEMA}\"", target)
+    version = field_.get(doc, "version", int)
+    if version > VERSION:
+        raise InputError(f"manifest schema version {version} is newer than this ckptport reads "
+                         f"({VERSION}); upgrade ckptport", target)
+    if version < 1:
+        raise InputError(f"manifest field \"version\" is {version}, not a schema version",
+                         target)
+    options = field_.get(doc, "options", dict)
+    entries = []
+    for index, raw in enumerate(field_.get(doc, "tensors", list)):
+        where = f"tensors[{index}]"
+        item = field_.mapping(raw, where)
+        shape = field_.get(item, "shape", list, where)
+        if not all(type(n) is int and n >= 0 for n in shape):
+            raise InputError(f"manifest field {where}.shape is not a list of sizes", target)
+        sha = field_.get(item, "sha256", str, where)
+        if len(sha) != 64 or not set(sha) <= _HEX:
+            raise InputError(f"manifest field {where}.sha256 is not a sha256", target)
+        tied = field_.get(item, "tied", list, where, default=[])
+        entries.append(TensorEntry(field_.get(item, "name", str, where),
+                                   field_.get(item, "dtype", str, where), tuple(shape),
+                                   field_.get(item, "nbytes", int, where), sha,
+                                   tuple(str(t) for t in tied)))
+    duplicate = _first_duplicate(e.name for e in entries)
+    if duplicate is not None:
+        raise InputError(f"manifest lists the tensor {duplicate!r} twice", target)
+    made = Manifest(tuple(sorted(entries, key=lambda e: e.name)), options, version,
+                    str(doc.get("ckptport", "")))
+    if doc.get("digest") != made.digest:
+        raise InputError("manifest field \"digest\" does not match its tensors (edited or "
+                         "corrupt)", target)
+    try:
+        manifest_options(made)
+    except (ValueError, TypeError, CkptportError) as exc:
+        cause = exc.message if isinstance(exc, CkptportError) else exc
+        raise InputError(f"manifest field \"options\": {cause}", target) from None
+    return made
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class _Fields:
+    """Typed access to a manifest's fields; a missing or mistyped one names itself."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def mapping(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise InputError(f"manifest field {where} is not an object", self.path)
+        return value
+
+    def get(self, doc: dict[str, Any], name: str, kind: type, where: str = "",
+            default: Any = None) -> Any:
+        label = f"{where}.{name}" if where else name
+        if name not in doc:
+            if default is not None:
+                return default
+            raise InputError(f"manifest field \"{label}\" is missing", self.path)
+        value = doc[name]
+        if type(value) is not kind or (kind is int and type(value) is bool):
+            raise InputError(f"manifest field \"{label}\" is a {type(value).__name__}, "
+                             f"not a {kind.__name__}", self.path)
+        return value
+
+
+def manifest_options(made: Manifest) -> NormalizeOptions:
+    """The normalize options a manifest was made with (to make the artifact's alike)."""
+    raw = dict(made.options)
+    known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype", "subtree", "keep",
+             "drop", "rename", "map"}
+    unknown = set(raw) - known
+    if unknown:
+        raise OptionError(f"unknown option {sorted(unknown)[0]!r}")
+    for name in ("keep", "drop"):
+        if name in raw:
+            raw[name] = tuple(raw[name])
+    if "rename" in raw:
+        raw["rename"] = tuple(tuple(pair) for pair in raw["rename"])
+    if "map" in raw:
+        raw["recipe"] = recipe_from_json(raw.pop("map"), "manifest options")
+    return NormalizeOptions(**raw)  # checks every field's type and value
+
+
+# -- comparing ------------------------------------------------------------------------
+
+
+def tied_elsewhere(entry: TensorEntry, other: Mapping[str, TensorEntry]) -> bool:
+    """A name one side lacks that it records as tied to a tensor the other side holds with
+    the same content: the hub leaves tied names out of its files (not a difference)."""
+    return any(name in other and (other[name].sha256, other[name].dtype, other[name].shape)
+               == (entry.sha256, entry.dtype, entry.shape) for name in entry.tied)
+
+
+def _one_side(mine: Mapping[str, TensorEntry], theirs: Mapping[str, TensorEntry]
+              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Names only in ``mine``: (differences, names tied to a tensor ``theirs`` holds)."""
+    only = [name for name in mine if name not in theirs]
+    return (tuple(n for n in only if not tied_elsewhere(mine[n], theirs)),
+            tuple(n for n in only if tied_elsewhere(mine[n], theirs)))
+
+
+@dataclass(frozen=True)
+class ManifestComparison:
+    """Two manifests tensor by tensor: what ``diff`` reports and ``check`` gates on (CKP010).
+
+    ``changed`` pairs the entries of names both list whose dtype, shape or content
+    differ (expected, actual); ``tied_*`` are names one side lacks that are the same
+    tensor as one the other side holds (a note, never a finding).
+    """
+
+    expected: Manifest
+    actual: Manifest
+    compared: int
+    missing: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    tied_missing: tuple[str, ...]
+    tied_unexpected: tuple[str, ...]
+    changed: tuple[tuple[TensorEntry, TensorEntry], ...]
+
+
+def compare_manifests(expected: Manifest, actual: Manifest) -> ManifestComparison:
+    want, have = expected.by_name(), actual.by_name()
+    missing, tied_missing = _one_side(want, have)
+    unexpected, tied_unexpected = _one_side(have, want)
+    changed = tuple((entry, have[name]) for name, entry in want.items() if name in have
+                    and (entry.dtype, entry.shape, entry.sha256)
+                    != (have[name].dtype, have[name].shape, have[name].sha256))
+    return ManifestComparison(expected, actual, sum(1 for n in want if n in have), missing,
+                              unexpected, tied_missing, tied_unexpected, changed)
+
+
+def against_manifest(checkpoint: Checkpoint, expected: Manifest, *, jobs: int | None = None,
+                     progress: Progress = no_progress) -> ManifestComparison:
+    """``check --against-manifest``: the artifact normalized as the manifest was, compared."""
+    actual = manifest_of(checkpoint, manifest_options(expected), jobs=jobs, progress=progress)
+    return compare_manifests(expected, actual)
