@@ -212,17 +212,6 @@ def _part(ctx: click.Context, param: click.Parameter, value: str | None
     return int(match.group(1)), int(match.group(2))
 
 
-def _is_checkpoint_folder(path: Path) -> bool:
-    """A shard set, DCP, Hugging Face, DeepSpeed or rank-files folder (one checkpoint), not
-    a folder of them."""
-    from .containers.shard_index import find_index
-    from .readers import HF_WEIGHTS, is_rank_layout
-    from .readers.dcp import is_dcp
-
-    return is_dcp(path) or find_index(path) is not None or \
-        any((path / name).exists() for name in HF_WEIGHTS) or is_rank_layout(path)
-
-
 class _OutputFormatName(click.ParamType):
     """A name of ``writers.formats.FORMATS``, read when the command runs (formats registered
     after start-up are offered too)."""
@@ -307,9 +296,10 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     A folder SRC that is none of those is a folder of checkpoints: each is written to
     the same relative path under DST (with --to's extension, .pth by default) by
     --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
+    from .readers import is_checkpoint_folder
     from .render import formatter
 
-    if src.is_dir() and not _is_checkpoint_folder(src):
+    if src.is_dir() and not is_checkpoint_folder(src):
         if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
                 or hash_name:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "

@@ -166,15 +166,15 @@ def test_read_only_output_folder(fx, run, tmp_path, monkeypatch):
 def test_safetensors_output_loads_even_when_hash_is_slow(fx, tmp_path, monkeypatch):
     """The header's sha256 placeholder is patched before the file is synced and verified."""
     import ckptport
+    import ckptport.writers.provenance as provenance
 
-    convert = sys.modules["ckptport.commands.normalize.file"]  # the module, not the function
-    real = convert.sha256_files
+    real = provenance.sha256_files
 
     def slow(paths):
         time.sleep(0.5)
         return real(paths)
 
-    monkeypatch.setattr(convert, "sha256_files", slow)
+    monkeypatch.setattr(provenance, "sha256_files", slow)
     out = tmp_path / "m.safetensors"
     report = ckptport.normalize_file(fx["ddp_cuda3"], out)
     from safetensors import safe_open

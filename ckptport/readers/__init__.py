@@ -22,14 +22,15 @@ from pathlib import Path
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
 from ..errors import CkptportError, CodeArchiveError, InputError
-from ..sources import SourceFile, check_regular, open_source
+from ..sources import SourceFile, open_source
 from ..tensors import to_torch
 from ..tree import is_tensor, map_tree
 from ..unpickle.values import Device, Size
 from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
-from .dcp import DcpReader, dcp_metadata, is_dcp
-from .deepspeed import DeepSpeedReader, is_deepspeed, tag_files, tag_folder
+from .dcp import DcpReader, dcp_metadata
+from .deepspeed import DeepSpeedReader, tag_files, tag_folder
+from .folders import FolderKind, folder_kind, not_one_checkpoint, weights_file
 from .legacy import LegacyReader
 from .ranks import RankFilesReader, rank_files
 from .safetensors import SafetensorsReader
@@ -38,13 +39,11 @@ from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "HF_WEIGHTS", "is_rank_layout", "check_named"]
-
-HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+           "is_checkpoint_folder", "check_named"]
 
 
 def resolve(path: str | os.PathLike[str]) -> Source:
-    """What ``path`` names, decided once and opened."""
+    """What ``path`` names, decided once (``readers.folders`` for a folder) and opened."""
     from ..containers.shard_index import find_index, parse_index
     from ..containers.sniff import sniff
     from ..remote.urls import is_remote
@@ -57,16 +56,21 @@ def resolve(path: str | os.PathLike[str]) -> Source:
     given = Path(path)
     target = given
     if given.is_dir():
-        if is_dcp(given):
+        kind = folder_kind(given)
+        if kind is FolderKind.DCP:
             return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
-        tag = tag_folder(given)
-        if tag is not None:
+        if kind is FolderKind.DEEPSPEED:
+            tag = tag_folder(given)
+            assert tag is not None
             return Source(given, SourceKind.DEEPSPEED, tag, tag_files(tag))
-        ranks = rank_files(given)
-        if ranks is not None:
+        if kind is FolderKind.RANKS:
+            ranks = rank_files(given)
+            assert ranks is not None
             return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
+        if kind is FolderKind.CHECKPOINTS:
+            raise not_one_checkpoint(given)
         index = find_index(given)
-        target = index if index is not None else _hf_weights(given)
+        target = index if index is not None else weights_file(given)
     if target.name.endswith(".index.json"):
         parsed = parse_index(target)
         return Source(given, SourceKind.SHARDS, target, (target, *parsed.shards),
@@ -86,19 +90,9 @@ def check_named(target: Path, fmt: Format | None) -> None:
                          "disagree; rename it", target)
 
 
-def is_rank_layout(folder: Path) -> bool:
-    """A DeepSpeed checkpoint or a folder of per-rank files: one checkpoint, not a folder
-    of them."""
-    return is_deepspeed(folder) or rank_files(folder) is not None
-
-
-def _hf_weights(folder: Path) -> Path:
-    for name in HF_WEIGHTS:
-        if (folder / name).exists():
-            check_regular(folder / name)
-            return folder / name
-    raise InputError("is a directory with no checkpoint in it (no *.index.json shard index, "
-                     f"no {' or '.join(HF_WEIGHTS)}, no DCP .metadata)", folder)
+def is_checkpoint_folder(path: Path) -> bool:
+    """A folder that is one checkpoint (not a folder of them: that is folder mode's)."""
+    return path.is_dir() and folder_kind(path) is not FolderKind.CHECKPOINTS
 
 
 def _load_file(path: Path, options: ReadOptions) -> Checkpoint:

@@ -15,9 +15,9 @@ in ``writers.formats`` (see there for the two kinds, file and folder).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
@@ -38,7 +38,7 @@ from .plan import (
 from .staging import StagedFile, os_error, staged_file
 
 if TYPE_CHECKING:
-    from .safetensors import MetadataValue
+    from .provenance import Provenance
 
 __all__ = ["OutputFormat", "FORMATS", "Kind", "register", "Destination", "WriteOptions",
            "WriteResult", "Writer", "FileFormat",
@@ -61,7 +61,7 @@ class WriteOptions:
     anchor: str = "cpu"
     overwrite: bool = False
     verify: bool = True
-    metadata: Mapping[str, MetadataValue] = field(default_factory=dict)
+    provenance: Provenance | None = None  # for formats that record it (OutputFormat.metadata)
     progress: Progress = no_progress
     precommit: Callable[[], None] = _nothing
     dcp_key: str | None = None

@@ -38,7 +38,9 @@ class OutputFormat:
 
     ``extensions`` choose it from DST's name (the first one is what folder mode
     names its outputs); ``shard_stem`` names a hub shard set of these files
-    (``model`` -> ``model-00001-of-00002.safetensors``), None when it has none.
+    (``model`` -> ``model-00001-of-00002.safetensors``), None when it has none;
+    ``metadata``: its files record their provenance (the source's sha256, the rules
+    applied, a safetensors source's own metadata).
     """
 
     name: str
@@ -46,6 +48,7 @@ class OutputFormat:
     factory: Any
     extensions: tuple[str, ...] = ()
     shard_stem: str | None = None
+    metadata: bool = False  # records where it came from (``writers.provenance``)
 
     def make(self) -> Any:
         """The writer (a ``FileFormat`` for files, a ``Writer`` for folders)."""
@@ -73,7 +76,7 @@ register(OutputFormat("pth", Kind.FILE, "ckptport.writers.pth:PthFile",
                       (".pth", ".pt", ".bin", ".ckpt", ".pth.tar", ".pt.tar"),
                       shard_stem="pytorch_model"))
 register(OutputFormat("safetensors", Kind.FILE, "ckptport.writers.safetensors:SafetensorsFile",
-                      (".safetensors",), shard_stem="model"))
+                      (".safetensors",), shard_stem="model", metadata=True))
 register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter"))
 
 

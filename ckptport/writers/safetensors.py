@@ -25,19 +25,29 @@ from ..containers.safetensors import METADATA_KEY, Entry, encode_header
 from ..dtypes import dtype_of
 from ..errors import OutputError
 from ..tensors import chunks, file_range, nbytes, view_key
-from ..tree import KEY_ALIASES, KEY_TREE, KEY_VERSION, KeyPath, format_path, iter_tensors
+from ..tree import (
+    KEY_ALIASES,
+    KEY_RULES,
+    KEY_SOURCE_SHA256,
+    KEY_TREE,
+    KEY_VERSION,
+    KeyPath,
+    format_path,
+    iter_tensors,
+)
 from .copy import RangeCopier
 from .staging import preallocate
 
 if TYPE_CHECKING:
     from . import WriteOptions
+    from .provenance import Provenance
 
-__all__ = ["Pending", "MetadataValue", "SafetensorsFile", "SafetensorsPlan",
+__all__ = ["Late", "MetadataValue", "SafetensorsFile", "SafetensorsPlan", "provenance_metadata",
            "plan_safetensors", "write_safetensors"]
 
 
 @dataclass(frozen=True)
-class Pending:
+class Late:
     """A metadata value still being computed while tensors are written (the source's sha256).
 
     The header is written with a placeholder of the same width and patched
@@ -51,7 +61,7 @@ class Pending:
         return "0" * self.width
 
 
-MetadataValue = Union[str, Pending]  # noqa: UP007 (a runtime alias on Python 3.10)
+MetadataValue = Union[str, Late]  # noqa: UP007 (a runtime alias on Python 3.10)
 
 
 @dataclass(frozen=True)
@@ -65,13 +75,13 @@ class SafetensorsPlan:
     header: bytes = field(init=False)
 
     def __post_init__(self) -> None:
-        placeholders = {k: v.placeholder() if isinstance(v, Pending) else v
+        placeholders = {k: v.placeholder() if isinstance(v, Late) else v
                         for k, v in self.metadata.items()}
         object.__setattr__(self, "header", encode_header(placeholders, self.entries))
 
     def final_header(self) -> bytes:
         """The header with every pending value resolved; same length as ``header``."""
-        values = {k: v.future.result() if isinstance(v, Pending) else v
+        values = {k: v.future.result() if isinstance(v, Late) else v
                   for k, v in self.metadata.items()}
         header = encode_header(values, self.entries)
         if len(header) != len(self.header):
@@ -84,7 +94,7 @@ class SafetensorsFile:
 
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> SafetensorsPlan:
-        plan = plan_safetensors(tree, options.metadata, dst)
+        plan = plan_safetensors(tree, provenance_metadata(options.provenance), dst)
         write_safetensors(plan, file, advance, options.tap)
         return plan
 
@@ -93,6 +103,20 @@ class SafetensorsFile:
         from .verify import verify_safetensors
 
         verify_safetensors(path, written, tree, advance, options.jobs)
+
+
+SHA256_HEX_WIDTH = 64
+
+
+def provenance_metadata(provenance: Provenance | None) -> dict[str, MetadataValue]:
+    """What a safetensors output records of its source: its own metadata (``carried``), the
+    sha256 of the files read (patched in once hashed), what the rules did."""
+    if provenance is None:
+        return {}
+    return {**provenance.carried, **provenance.extra,
+            KEY_SOURCE_SHA256: Late(provenance.sha256(), SHA256_HEX_WIDTH),
+            KEY_RULES: json.dumps(dict(provenance.rules), sort_keys=True,
+                                  separators=(",", ":"))}
 
 
 def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
@@ -163,7 +187,7 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[
                 file.write(piece)
             done += len(piece)
             advance(len(piece))
-    if any(isinstance(v, Pending) for v in plan.metadata.values()):
+    if any(isinstance(v, Late) for v in plan.metadata.values()):
         file.seek(0)
         file.write(plan.final_header())
         file.seek(0, 2)

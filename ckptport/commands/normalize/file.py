@@ -1,29 +1,18 @@
 """``ckptport normalize SRC DST`` as a library call: read, normalize, write, verify.
 
-``normalize_file`` is the CLI command's twin (``convert`` is its round-1
-name). The destination is planned and checked before a byte of the source
-is read; the source is read once (tensors described, bytes read by
-position as they are written); the rules run lazily, so casts and
-compactions are computed one tensor at a time by the writer.
-
-The source's sha256 goes into safetensors metadata (``ckptport.source_sha256``;
-other outputs have no place for it, and it is not computed for them). It is
-always the hash of the file actually read — a ``source_sha256`` that the
-source itself claims is never copied, since ckptport cannot verify it.
-Hashing costs as much as reading the file, so it runs in a worker thread
-(hashlib releases the GIL) while the checkpoint is read, normalized and
-written; the header's placeholder is patched once it is known.
+The destination is planned and checked before a byte of the source is read;
+the source is read once (tensors described, bytes read by position as they
+are written); the rules run lazily, so casts and compactions are computed
+one tensor at a time by the writer. What an output records of its source
+(the files' sha256, what the rules did) is handed to the writer as facts
+(``writers.provenance``): formats with a place for it record it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ...analysis.manifests import WrittenDigests, build_manifest, write_manifest
 from ...checkpoint import Format, SourceFacts
@@ -33,19 +22,17 @@ from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import is_remote, location
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
-from ...sources import read_more_than_once, sha256_files
-from ...tree import KEY_RULES, KEY_SOURCE_SHA256
+from ...sources import read_more_than_once
 from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
-from ...writers.safetensors import MetadataValue, Pending
+from ...writers.provenance import Provenance
 
 __all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]
 
 _CHUNK = 1 << 22
 METADATA_CHOICES = ("keep", "drop")
-SHA256_HEX_WIDTH = 64
 
 
 @dataclass(frozen=True)
@@ -75,14 +62,12 @@ def _snapshot(files: tuple[Path, ...]) -> list[tuple[int, int, int]]:
     return stats
 
 
-def _provenance(sha256: Pending, results: tuple[RuleResult, ...]
-                ) -> Mapping[str, MetadataValue]:
-    """The file this run read, and what this run's rules did to it."""
+def _applied(results: tuple[RuleResult, ...]) -> dict[str, str]:
+    """What this run's rules changed, rule by rule (a rule may run more than once)."""
     applied: dict[str, str] = {}
-    for r in (r for r in results if r.changed):  # a rule may run more than once (renames)
+    for r in (r for r in results if r.changed):
         applied[r.rule] = f"{applied[r.rule]}; {r.summary}" if r.rule in applied else r.summary
-    return {KEY_SOURCE_SHA256: sha256,
-            KEY_RULES: json.dumps(applied, sort_keys=True, separators=(",", ":"))}
+    return applied
 
 
 def carried_metadata(source: SourceFacts, keep: bool = True) -> dict[str, str]:
@@ -147,23 +132,22 @@ def normalize_file(
             raise InputError("changed while it was read; nothing was written, run again",
                              source.path)
 
-    records_hash = destination.format.name == "safetensors"
+    records = destination.format.metadata
     digests = WrittenDigests() if manifest is not None else None
-    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps reading and writing
-        digest = pool.submit(sha256_files, source.files) \
-            if records_hash or hash_source else None
-        checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
-        normalized = apply_rules(checkpoint, options, lazy=True)
-        recipe = (options or NormalizeOptions()).loaded_recipe
-        carried = carried_metadata(checkpoint.source, metadata == "keep") if records_hash else {}
-        header: Mapping[str, Any] = {} if digest is None or not records_hash else {
-            **carried, **_provenance(Pending(digest, SHA256_HEX_WIDTH), normalized.results),
-            **({KEY_MAP_SHA256: recipe.sha256} if recipe else {})}
-        written = write_to(normalized.checkpoint, destination, WriteOptions(
-            anchor=anchor, overwrite=overwrite or hash_name, verify=verify, metadata=header,
-            progress=progress, precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
-            tap=None if digests is None else digests.tap))
-        sha256 = None if digest is None else digest.result()
+    checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
+    normalized = apply_rules(checkpoint, options, lazy=True)
+    recipe = (options or NormalizeOptions()).loaded_recipe
+    carried = carried_metadata(checkpoint.source, metadata == "keep") if records else {}
+    provenance = Provenance(source.files, _applied(normalized.results), carried,
+                            {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
+    if hash_source:
+        provenance.sha256()  # folder mode's journal wants it whatever the output
+    written = write_to(normalized.checkpoint, destination, WriteOptions(
+        anchor=anchor, overwrite=overwrite or hash_name, verify=verify,
+        provenance=provenance if records else None, progress=progress,
+        precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
+        tap=None if digests is None else digests.tap))
+    sha256 = provenance.known_sha256()
     if hash_name:
         final = publish_hashed(written.path, final_dst, overwrite)
         written = replace(written, path=final, files=(final,))

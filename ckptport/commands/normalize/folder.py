@@ -137,6 +137,9 @@ def in_part(relative: str, part: tuple[int, int] | None) -> bool:
     return digest % count == index - 1
 
 
+_OTHER_EXTENSIONS = (".tar", ".pkl", ".pickle")  # what checkpoints are also named, not written
+
+
 def _output_name(found: Found, src: Path, fmt: OutputFormat) -> str:
     """``a/b/model.pth.tar`` -> ``a/b/model.pth``; a shard set or DCP folder -> its folder."""
     path = found.path
@@ -146,7 +149,8 @@ def _output_name(found: Found, src: Path, fmt: OutputFormat) -> str:
     relative = path.relative_to(src).as_posix()
     name = relative.rsplit("/", 1)[-1]
     known = by_extension(name)
-    extension = known[0] if known else (".tar" if name.lower().endswith(".tar") else "")
+    other = next((ext for ext in _OTHER_EXTENSIONS if name.lower().endswith(ext)), "")
+    extension = known[0] if known else other
     if extension and len(name) > len(extension):
         relative = relative[:-len(extension)]
     return relative + (fmt.extension if fmt.kind is Kind.FILE else "")

@@ -1,0 +1,82 @@
+"""What a folder path names: one home (``readers.folders``), the same answer for every command.
+
+Tried as a new user would: a diffusers ``unet/`` was a folder-mode run that
+made a directory named like DST; an accelerate ``save_state`` folder read as
+its model alone, its optimizer and RNG files silently left out; a peft
+adapter folder was not recognised.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import ckptport
+from ckptport.readers.folders import FolderKind, folder_kind
+from tests.helpers import same_bits
+
+WEIGHTS = {"conv.weight": torch.arange(6.0).reshape(2, 3), "conv.bias": torch.ones(2)}
+
+
+@pytest.mark.parametrize("name", ["diffusion_pytorch_model.safetensors",
+                                  "adapter_model.safetensors", "model.safetensors"])
+def test_a_librarys_model_folder_is_one_checkpoint(tmp_path, run, name):
+    folder = tmp_path / "unet"
+    folder.mkdir()
+    save_file(WEIGHTS, folder / name)
+    (folder / "config.json").write_text("{}")
+    assert folder_kind(folder) is FolderKind.WEIGHTS
+    out = tmp_path / "out" / "diffusion_pytorch_model.safetensors"
+    out.parent.mkdir()
+    result = run("normalize", folder, out)
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()
+    loaded = ckptport.load_state_dict(out)
+    assert all(same_bits(loaded[k], v) for k, v in WEIGHTS.items())
+    assert run("inspect", folder, "--format", "json").exit_code == 0
+
+
+def test_a_pytorch_bin_adapter_folder_is_one_checkpoint(tmp_path):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    torch.save(WEIGHTS, folder / "adapter_model.bin")
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    assert list(ckptport.load_state_dict(folder)) == list(WEIGHTS)
+
+
+@pytest.fixture
+def accelerate_state(tmp_path):
+    """What accelerate's save_state writes: the model beside the training state."""
+    folder = tmp_path / "checkpoint_3"
+    folder.mkdir()
+    save_file(WEIGHTS, folder / "model.safetensors")
+    torch.save({"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+               folder / "optimizer.bin")
+    torch.save({"step": 3}, folder / "scheduler.bin")
+    torch.save({"torch_manual_seed": torch.ones(4, dtype=torch.uint8)},
+               folder / "random_states_0.pkl")
+    return folder
+
+
+def test_an_accelerate_state_folder_is_a_folder_of_checkpoints(accelerate_state, run, tmp_path):
+    assert folder_kind(accelerate_state) is FolderKind.CHECKPOINTS
+    shown = run("inspect", accelerate_state)
+    assert shown.exit_code == 2 and "accelerate save_state folder" in shown.stderr
+    assert "optimizer.bin" in shown.stderr
+    to_file = run("normalize", accelerate_state, tmp_path / "model.pth")
+    assert to_file.exit_code == 2 and not (tmp_path / "model.pth").exists()
+    out = tmp_path / "converted"
+    done = run("normalize", accelerate_state, out, "--select", "all", "--format", "json")
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in out.glob("*.pth")) == [
+        "model.pth", "optimizer.pth", "random_states_0.pth", "scheduler.pth"]
+
+
+def test_the_cli_keeps_a_dst_folder_slash(fx, run, tmp_path):
+    """``normalize ckpt.pth shards/`` writes a shard set, as the Python call does."""
+    result = run("normalize", fx["plain"], f"{tmp_path / 'shards'}/")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "shards" / "model.safetensors").is_file()
