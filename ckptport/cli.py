@@ -50,6 +50,9 @@ def _on_sigterm(signum: int, frame: Any) -> NoReturn:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        from .remote import meter
+
+        meter.reset()  # the bytes this command transfers, for its report
         debug = os.environ.get("CKPTPORT_DEBUG") == "1"
         with contextlib.suppress(ValueError):  # not in the main thread
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -103,6 +106,22 @@ def _progress(quiet: bool) -> Iterator[Progress]:
     finally:
         for bar in bars:
             bar.close()
+
+
+class _Location(click.ParamType):
+    """A source: a local path, or a URL (hf://, s3://, http(s)://) kept whole, never
+    folded into a ``Path`` (which would turn ``https://`` into ``https:/``)."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        from .remote.urls import location
+
+        return location(value)
+
+
+LOCATION = _Location()
 
 
 def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -224,7 +243,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=LOCATION)
 @click.argument("dst", type=click.Path())  # a str: a trailing "/" means a folder (a shard set)
 @click.option("--to", type=_OutputFormatName(), metavar="FORMAT",
               help="Output format: pth, safetensors, dcp or a registered one (default: from "
@@ -314,7 +333,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
 
 
 @cli.command("manifest")
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=LOCATION)
 @_normalize_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), metavar="FILE",
               help="Write the manifest to FILE (atomically) and report on stdout; without it "
@@ -349,8 +368,8 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
 
 
 @cli.command()
-@click.argument("a", type=click.Path(path_type=Path))
-@click.argument("b", type=click.Path(path_type=Path))
+@click.argument("a", type=LOCATION)
+@click.argument("b", type=LOCATION)
 @_normalize_options
 @click.option("--raw", is_flag=True, help="Compare as stored: no normalize rules on either side.")
 @click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -409,7 +428,7 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
 
 
 @cli.command("inspect")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=LOCATION)
 @click.option("--depth", type=click.IntRange(min=0), default=2, show_default=True,
               help="Levels of the layout tree to list.")
 @click.option("--hash", "with_hash", is_flag=True,
@@ -432,7 +451,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 
 
 @cli.command("check")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=LOCATION)
 @click.option("--codes", "codes", multiple=True, callback=_codes, metavar="CODES",
               help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP003).")
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
@@ -444,7 +463,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
               help="Also fail on NaN/inf values of every tensor, optimizer state included.")
 @click.option("--require-format", multiple=True, type=click.Choice(Format.names()),
               help="Fail files in any other container format. Repeatable.")
-@click.option("--against", type=click.Path(path_type=Path), metavar="REF",
+@click.option("--against", type=LOCATION, metavar="REF",
               help="Fail where the weights differ from the reference checkpoint REF (both "
                    "normalized with --select, --ema, --strip-prefix, --keep-prefixes, --dtype).")
 @click.option("--against-manifest", type=click.Path(path_type=Path), metavar="FILE",

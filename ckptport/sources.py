@@ -15,19 +15,39 @@ Everything ckptport reads from a checkpoint goes through ``SourceFile``:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
 
 __all__ = ["SourceFile", "MemorySource", "open_source", "check_regular", "Snapshot",
-           "sha256_files"]
+           "sha256_files", "read_more_than_once", "rereads_expected"]
 
 Snapshot = tuple[int, int, int, int]  # device, inode, size, mtime_ns
+_REREADS: contextvars.ContextVar[bool] = contextvars.ContextVar("rereads", default=False)
+
+
+@contextlib.contextmanager
+def read_more_than_once() -> Iterator[None]:
+    """Sources resolved inside will be read more than once (``normalize`` hashes its
+    source and verifies its output against it): a source that fetches its bytes over
+    the network keeps them, one on disk has nothing to do."""
+    token = _REREADS.set(True)
+    try:
+        yield
+    finally:
+        _REREADS.reset(token)
+
+
+def rereads_expected() -> bool:
+    return _REREADS.get()
 
 
 def check_regular(path: Path) -> os.stat_result:

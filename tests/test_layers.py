@@ -19,6 +19,7 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"tree", "escape", "sealed", "progress", "parallel", "_version"}),
     frozenset({"dtypes", "errors"}),
     frozenset({"sources", "treejson"}),
+    frozenset({"remote"}),  # RemoteFile is a SourceFile; readers, commands, render use it
     frozenset({"tensors"}),
     frozenset({"checkpoint", "compare"}),
     frozenset({"unpickle"}),

@@ -453,15 +453,16 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
                  if (c in picked if picked else code.wanted(settings)) and c not in left_out)
 
 
-def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Skipped]]:
+def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
     from ..readers.discover import discover
+    from ..remote.urls import location
 
-    found: list[Path] = []
+    found: list[Any] = []  # Path, or RemotePath
     skipped: list[Skipped] = []
     for raw in paths:
-        path = Path(raw)
-        if not path.is_dir():
+        path = location(raw)  # a URL stays whole (never a folder to search)
+        if not isinstance(path, Path) or not path.is_dir():
             found.append(path)
             continue
         try:

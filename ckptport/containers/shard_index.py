@@ -58,12 +58,14 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _load(index: Path) -> tuple[dict[str, str], dict[str, str]]:
-    st = check_regular(index)
-    if st.st_size > MAX_INDEX_BYTES:
-        raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
+def _load(index: Path, data: bytes | None) -> tuple[dict[str, str], dict[str, str]]:
+    if data is None:
+        st = check_regular(index)
+        if st.st_size > MAX_INDEX_BYTES:
+            raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
     try:
-        doc = json.loads(index.read_bytes().decode("utf-8"), object_pairs_hook=_unique)
+        raw = index.read_bytes() if data is None else data
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"shard index is not valid JSON: {exc}", index) from None
     except OSError as exc:
@@ -84,7 +86,7 @@ def _load(index: Path) -> tuple[dict[str, str], dict[str, str]]:
     return weight_map, aliases
 
 
-def _shard_path(index: Path, name: str, extension: str) -> Path:
+def _shard_path(index: Path, name: str, extension: str, local: bool = True) -> Path:
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
     if (posix.is_absolute() or windows.is_absolute() or len(posix.parts) != 1
             or len(windows.parts) != 1 or name in {".", ".."}):
@@ -94,6 +96,8 @@ def _shard_path(index: Path, name: str, extension: str) -> Path:
         raise InputError(f"shard index names {name!r}, not a {extension} file like its index",
                          index)
     shard = index.parent / name
+    if not local:  # a remote index: its shards are named next to it, opened when read
+        return shard
     if not shard.exists() and not shard.is_symlink():
         raise InputError(f"shard {name} named by the index is missing", index)
     if Path(os.path.realpath(shard)).parent != Path(os.path.realpath(index.parent)):
@@ -102,12 +106,14 @@ def _shard_path(index: Path, name: str, extension: str) -> Path:
     return shard
 
 
-def parse_index(index: Path) -> ShardIndex:
-    weight_map, aliases = _load(index)
+def parse_index(index: Path, data: bytes | None = None) -> ShardIndex:
+    """The index at ``index``; ``data``: its bytes, fetched already (a remote index, whose
+    shards are then named next to it rather than looked up on disk)."""
+    weight_map, aliases = _load(index, data)
     extension = Path(index.name.removesuffix(".index.json")).suffix
     if extension not in SHARD_EXTENSIONS:
         raise InputError(f"cannot tell the shard format from the index name {index.name!r}",
                          index)
-    shards = tuple(sorted({_shard_path(index, name, extension)
+    shards = tuple(sorted({_shard_path(index, name, extension, data is None)
                            for name in weight_map.values()}))
     return ShardIndex(index, SHARD_EXTENSIONS[extension], weight_map, shards, aliases)

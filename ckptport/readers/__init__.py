@@ -39,14 +39,20 @@ from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "is_checkpoint_folder"]
+           "is_checkpoint_folder", "check_named"]
 
 
 def resolve(path: str | os.PathLike[str]) -> Source:
     """What ``path`` names, decided once (``readers.folders`` for a folder) and opened."""
     from ..containers.shard_index import find_index, parse_index
     from ..containers.sniff import sniff
+    from ..remote.urls import is_remote
 
+    if is_remote(path):  # a URL: opened by range, then read as a local file is
+        from ..remote import location
+        from .remote import resolve_url
+
+        return resolve_url(location(path))  # type: ignore[arg-type]
     given = Path(path)
     target = given
     if given.is_dir():
@@ -71,12 +77,17 @@ def resolve(path: str | os.PathLike[str]) -> Source:
                       parsed.format, index=parsed)
     file = open_source(target)
     fmt = sniff(file)
+    check_named(target, fmt)
+    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
+
+
+def check_named(target: Path, fmt: Format | None) -> None:
+    """Refuse a file whose name makes loaders pick another reader than its bytes need."""
     if target.name.lower().endswith(".safetensors") and fmt is not Format.SAFETENSORS:
         raise InputError(f"is named .safetensors but is {'a ' + fmt if fmt else 'not'} a "
                          "safetensors file: torch.load reads *.safetensors with the "
                          "safetensors library, which cannot read it, so readers would "
                          "disagree; rename it", target)
-    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
 
 
 def is_checkpoint_folder(path: Path) -> bool:

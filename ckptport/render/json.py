@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,8 @@ def jsonable(value: Any) -> Any:
                 if f.init and not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, Path):
-        return str(value)
+    if isinstance(value, (Path, os.PathLike)):  # a RemotePath prints its redacted URL
+        return os.fspath(value)
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -52,6 +53,8 @@ class JsonFormatter:
         return json.dumps(jsonable(doc), indent=2)
 
     def manifest(self, made: Manifest, path: Path | None) -> str:
+        if path is not None and _network():  # the report of -o FILE, not the manifest's bytes
+            return json.dumps({**json.loads(made.to_json()), **_network()}, indent=2)
         return made.to_json().rstrip("\n")
 
     def normalize(self, report: NormalizeReport) -> str:
@@ -67,6 +70,7 @@ class JsonFormatter:
             "map_sha256": report.map_sha256,
             "metadata_kept": list(report.metadata_kept),
             "output": jsonable(report.output),
+            **_network(),
         }
         return json.dumps(doc, indent=2)
 
@@ -79,13 +83,14 @@ class JsonFormatter:
             "summary": report.summary(),
             "tensors_differing": report.tensors_differing,
             **jsonable(report),
+            **_network(),
         }
         return json.dumps(_strict(doc), indent=2, allow_nan=False)
 
 
     def inspect(self, report: InspectReport) -> str:
         doc = {"ckptport": __version__, "command": "inspect", **jsonable(report),
-               "tensor_bytes": report.tensor_bytes}
+               "tensor_bytes": report.tensor_bytes, **_network()}
         return json.dumps(doc, indent=2)
 
     def check(self, report: CheckReport) -> str:
@@ -100,8 +105,17 @@ class JsonFormatter:
                                      "message": x.message} for x in f.findings]}
                       for f in report.files],
             "skipped": [{"path": str(s.path), "reason": s.reason} for s in report.skipped],
+            **_network(),
         }
         return json.dumps(doc, indent=2)
+
+
+def _network() -> dict[str, Any]:
+    """``transferred``: what the command fetched over the network, when a source was remote."""
+    from ..remote import meter
+
+    made = meter.transferred()
+    return {} if made is None else {"transferred": jsonable(made)}
 
 
 def _strict(value: Any) -> Any:

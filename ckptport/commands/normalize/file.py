@@ -19,8 +19,10 @@ from ...checkpoint import Format, SourceFacts
 from ...errors import InputError, OutputError, RuleError
 from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
+from ...remote.urls import is_remote, location
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
+from ...sources import read_more_than_once
 from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
@@ -110,11 +112,15 @@ def normalize_file(
     the output ``STEM-<first 8 hex of its sha256>.EXT`` (torch.hub's check_hash)."""
     if metadata not in METADATA_CHOICES:
         raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
+    if is_remote(os.fspath(dst)):
+        raise OutputError("is a URL; DST is written locally (upload it with your own tools)",
+                          location(dst))
     destination = plan_destination(dst, to, max_shard_size)
     final_dst = destination.path
     if hash_name:
         destination = staging_destination(destination)
-    source = src if isinstance(src, Source) else resolve(src)
+    with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
+        source = src if isinstance(src, Source) else resolve(src)
     check_destination(source.files, destination, overwrite or hash_name)
     if manifest is not None and any(same_file(Path(manifest), p)
                                     for p in (*source.files, destination.path)):

@@ -1,0 +1,117 @@
+"""Benchmark remote sources against a local HTTP server on a ~2 GB checkpoint.
+
+Targets (issue 22): ``inspect`` and ``check`` of a remote ``.safetensors``
+or ``.pth`` transfer at most 1 MiB; ``manifest`` and ``normalize`` take at
+most 1.2x the time of downloading the file whole in one stream from the
+same server (``curl -o``, or one Python GET where there is no curl). The
+server is ``fixtures.servers.ObjectServer`` in this process (a thread);
+each command runs as a fresh ``python -m ckptport`` process and reports
+the bytes it transferred in its JSON report; the same command on the
+local file is timed next to it (what the network adds). Run from the repository root:
+
+    python -m bench.bench_remote --size-gb 2
+
+Data goes under bench/out/ (gitignored) and is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.run import generate
+from fixtures.servers import ObjectServer
+
+OUT = Path(__file__).with_name("out") / "remote"
+MiB = 1 << 20
+
+
+def timed(command: list[str]) -> tuple[float, dict]:
+    """Wall time of one fresh process, and its JSON report (``{}`` if it printed none)."""
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
+    try:
+        return seconds, json.loads(done.stdout)
+    except ValueError:
+        return seconds, {}
+
+
+def download(url: str, target: Path) -> float:
+    """One stream, the whole object, to a file: the yardstick."""
+    start = time.perf_counter()
+    if shutil.which("curl"):
+        subprocess.run(["curl", "-sS", "-o", str(target), url], check=True)
+    else:
+        with urllib.request.urlopen(url) as answer, target.open("wb") as f:
+            shutil.copyfileobj(answer, f, 4 * MiB)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-gb", type=float, default=2.0)
+    parser.add_argument("--runs", type=int, default=2, help="best of N for timed commands")
+    parser.add_argument("--keep", action="store_true", help="keep bench/out/remote")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    ckptport = [sys.executable, "-m", "ckptport"]
+    server = ObjectServer()
+    try:
+        pth, safetensors = OUT / "big.pth", OUT / "big.safetensors"
+        if not pth.exists():
+            generate(pth, args.size_gb)
+        if not safetensors.exists():
+            subprocess.run([*ckptport, "normalize", str(pth), str(safetensors), "-q",
+                            "--no-verify"], check=True, stdout=subprocess.DEVNULL)
+        rows = []
+        for path in (safetensors, pth):
+            server.objects[f"/{path.name}"] = path
+            url = f"{server.url}/{path.name}"
+            size = path.stat().st_size
+            whole = min(download(url, OUT / "download.bin") for _ in range(args.runs))
+            rows.append((path.name, "download (one stream)", whole, None, size, None))
+            for name, command in (
+                    ("inspect", ["inspect", "{}", "--format", "json"]),
+                    ("check", ["check", "{}", "--format", "json"]),
+                    ("manifest", ["manifest", "{}", "-o", str(OUT / "m.json"), "--overwrite",
+                                  "--format", "json", "-q"]),
+                    ("normalize .pth", ["normalize", "{}", str(OUT / "o.pth"), "--overwrite",
+                                        "--format", "json", "-q"]),
+                    ("normalize .safetensors", ["normalize", "{}", str(OUT / "o.safetensors"),
+                                                "--overwrite", "--format", "json", "-q"])):
+                remote, here = ([a.format(where) for a in command] for where in (url, path))
+                results = [timed([*ckptport, *remote]) for _ in range(args.runs)]
+                seconds, report = min(results, key=lambda r: r[0])
+                local = min(timed([*ckptport, *here])[0] for _ in range(args.runs))
+                moved = report.get("transferred", {}).get("bytes")
+                rows.append((path.name, name, seconds, local, moved, whole))
+        print(f"{'file':16s} {'command':23s} {'remote s':>8s} {'local s':>8s} "
+              f"{'x download':>10s} {'transferred':>14s}  target")
+        for file, name, seconds, local, moved, whole in rows:
+            ratio = "" if whole is None else f"{seconds / whole:10.2f}"
+            if name in ("inspect", "check"):
+                target = "<= 1 MiB: " + ("ok" if moved is not None and moved <= MiB else "MISSED")
+            elif whole is not None:
+                target = "<= 1.2x: " + ("ok" if seconds <= 1.2 * whole else "MISSED")
+            else:
+                target = ""
+            shown = "" if local is None else f"{local:8.2f}"
+            print(f"{file:16s} {name:23s} {seconds:8.2f} {shown:>8s} {ratio:>10s} "
+                  f"{'' if moved is None else f'{moved:,}':>14s}  {target}")
+    finally:
+        server.close()
+        if not args.keep:
+            shutil.rmtree(OUT, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Checkpoints where they live: ``hf://``, ``s3://`` and ``http(s)://`` sources, read by range.
+
+A URL becomes a ``RemotePath`` (``location``), the path-like that prints
+its redacted URL; ``target`` says which object it names (a hub repository
+reads as its weights, as a local Hugging Face folder does); opening it
+gives a ``RemoteFile``, a ``SourceFile``, after which every reader, rule,
+writer and report works as on a local file and cannot tell the difference.
+``readers.resolve`` calls ``readers.remote`` for a URL, which uses this
+package, so this package knows nothing of readers. Only what a command
+reads is transferred: a safetensors header, a zip's directory and pickle,
+the tensors it hashes, compares or writes.
+
+Importing this package costs nothing: the HTTP client, huggingface_hub and
+boto3 load when a URL is opened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import InputError
+from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, location, parse_url, redact
+
+__all__ = ["RemotePath", "RemoteURL", "is_remote", "location", "parse_url", "redact", "target"]
+
+_HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def target(path: RemotePath) -> RemotePath:
+    """The object ``path`` names: itself, or a hub repository's (or folder's) weights.
+
+    Other folders are refused: a bucket or a web server cannot be listed the
+    same way everywhere, and folder mode is local. When the command will read
+    its source again (``sources.read_more_than_once``), the objects keep what
+    they fetch, this one and the shards next to it (they share ``pins``).
+    """
+    from ..sources import rereads_expected
+
+    if rereads_expected():
+        path.pins[KEEP_FETCHED] = True
+    url = path.url
+    if url.key and not url.key.endswith("/"):
+        return path
+    if url.scheme != "hf":
+        raise InputError("names a folder; folder mode reads local folders only: name a "
+                         "checkpoint file or a *.index.json", path)
+    from .hub import repo_files
+
+    folder = url.key.strip("/")
+    prefix = f"{folder}/" if folder else ""
+    names = [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)
+             and "/" not in f[len(prefix):]]
+    indexes = sorted(n for n in names if n.endswith(".index.json"))
+    if len(indexes) > 1:
+        raise InputError(f"holds several shard indexes ({', '.join(indexes)}); name one", path)
+    chosen = indexes or [n for n in _HUB_WEIGHTS if n in names]
+    if not chosen:
+        raise InputError("is a repository folder with no checkpoint in it (no *.index.json "
+                         f"shard index, no {' or '.join(_HUB_WEIGHTS)})", path)
+    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins)

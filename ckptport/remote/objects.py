@@ -1,0 +1,347 @@
+"""A remote object read like a local file: ``RemoteFile`` is a ``SourceFile``.
+
+Readers, rules, writers and reports see a ``SourceFile`` with ``read``,
+``read_into`` and ``size``, and cannot tell where the bytes come from.
+Underneath, a ``Backend`` (HTTP, the hub, S3) fetches byte ranges of one
+version of the object, pinned at its first request, and says whether the
+object is still that version. Every fetch is retried with backoff on
+transient faults (timeouts, dropped connections, 429, 5xx) a bounded
+number of times; everything else is an ``InputError`` naming the
+(redacted) URL at once.
+
+Small reads (zip local headers, the safetensors length prefix) read a
+little ahead and keep that block per thread, so walking a zip's members
+costs one request per member instead of two.
+
+A command that reads its source more than once (``normalize`` hashes its
+source and verifies the output against it; ``sources.read_more_than_once``)
+keeps the bytes it fetched in a spool (an unlinked temporary file), so each
+byte is transferred once. The spool is used when the temporary folder has
+room for the whole object and 1 GiB more, and never with
+``CKPTPORT_REMOTE_SPOOL=0``; commands that read each byte once (``manifest``,
+``diff``, ``check``) do not spool at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from ..errors import InputError
+from ..sources import SourceFile
+from .urls import KEEP_FETCHED
+
+if TYPE_CHECKING:
+    from .urls import RemotePath
+
+__all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "open_remote",
+           "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
+
+ATTEMPTS = int(os.environ.get("CKPTPORT_REMOTE_ATTEMPTS", "5"))  # per range, first try included
+BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
+MAX_BACKOFF = 8.0
+READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
+SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
+PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
+
+T = TypeVar("T")
+
+
+class Transient(Exception):
+    """A fault worth retrying: a timeout, a dropped connection, 429, 5xx."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait  # the server's Retry-After, when it gave one
+
+
+class NotFound(InputError):
+    """The object does not exist (404, NoSuchKey): a hub repository root tries the next name."""
+
+
+def missing_extra(scheme: str) -> InputError:
+    return InputError(f"reading {scheme}:// sources needs the remote extra: "
+                      "pip install 'ckptport[remote]'")
+
+
+def retrying(fetch: Callable[[], T], where: RemotePath) -> T:
+    """``fetch()``, tried up to ``ATTEMPTS`` times while it fails transiently."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return fetch()
+        except Transient as exc:  # noqa: PERF203 - the retry loop is the point
+            if attempt == ATTEMPTS:
+                raise InputError(f"{exc} (gave up after {ATTEMPTS} attempts)", where) from None
+            delay = exc.wait if exc.wait is not None else BACKOFF * 2 ** (attempt - 1)
+            time.sleep(min(MAX_BACKOFF, delay) * (1 + random.random() / 4))
+    raise AssertionError("unreachable")
+
+
+class Backend(Protocol):
+    """One remote object at one pinned version."""
+
+    size: int
+    version: str  # the pinned ETag / version id / commit, compared by ``changed``
+
+    def fetch_into(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` from ``offset`` of the pinned version (retried; errors named)."""
+
+    def current_version(self) -> str | None:
+        """The version the server holds now (one small request); None when it is gone."""
+
+    def close(self) -> None: ...
+
+
+def open_remote(path: RemotePath) -> RemoteFile:
+    """Open ``path``: one request pins the object's version and size."""
+    scheme = path.url.scheme
+    backend: Backend
+    if scheme in ("http", "https"):
+        from .http import open_http
+
+        backend = open_http(path)
+    elif scheme == "hf":
+        from .hub import open_hub
+
+        backend = open_hub(path)
+    else:
+        from .s3 import open_s3
+
+        backend = open_s3(path)
+    return RemoteFile(path, backend)
+
+
+class RemoteFile(SourceFile):
+    """A remote object with ``SourceFile``'s interface (no descriptor; reads by range)."""
+
+    def __init__(self, path: RemotePath, backend: Backend) -> None:  # noqa: D107
+        self.path, self.fd, self.size = path, -1, backend.size  # type: ignore[assignment]
+        self.backend, self.version = backend, backend.version
+        self.snapshot = (0, 0, backend.size, hash(backend.version))
+        self._lock = threading.Lock()
+        self._mapped = None
+        self._ahead = threading.local()
+        self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
+        self._ahead_lock = threading.Lock()
+        self._ahead_pool: ThreadPoolExecutor | None = None
+
+    def _bounds(self, offset: int, n: int) -> None:
+        if offset < 0 or offset + n > self.size:
+            raise InputError(f"ends at byte {self.size} although {offset + n} bytes were "
+                             "expected (truncated)", self.path)
+
+    def read(self, offset: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        self._bounds(offset, n)
+        if n < READ_AHEAD:
+            start, block = getattr(self._ahead, "block", (0, b""))
+            if not start <= offset or offset + n > start + len(block):
+                end = min(self.size, offset + READ_AHEAD)
+                block = self._fetch(offset, end - offset)
+                start = offset
+                self._ahead.block = (start, block)
+            return block[offset - start:offset - start + n]
+        return self._fetch(offset, n)
+
+    def _fetch(self, offset: int, n: int) -> bytes:
+        buffer = bytearray(n)
+        self._fill(offset, memoryview(buffer))
+        return bytes(buffer)
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        if len(buffer):
+            self._bounds(offset, len(buffer))
+            self._fill(offset, buffer)
+            self._prefetch(offset, len(buffer))
+
+    def _prefetch(self, offset: int, n: int) -> None:
+        """Fetch a sequential reader's next range while it works on this one (spool only:
+        the range lands there), so the network overlaps writing and hashing. A thread is
+        taken as reading sequentially once a read starts where its previous one ended."""
+        streaming = getattr(self._ahead, "end", None) == offset
+        self._ahead.end = start = offset + n
+        if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
+            return
+        with self._ahead_lock:
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="ckptport-ahead")
+            self._ahead_pool.submit(self._fetch_ahead, start, min(self.size, start + n))
+
+    def _fetch_ahead(self, start: int, stop: int) -> None:
+        spool = self.spool
+        gaps = [] if spool is None else spool.claim(start, stop, wait=False)
+        try:
+            for a, b in gaps:
+                piece = memoryview(bytearray(b - a))
+                self.backend.fetch_into(a, piece)
+                spool.keep(a, piece)  # type: ignore[union-attr]
+        except (InputError, OSError):
+            pass  # the reader fetches this range itself, and reports what goes wrong
+        finally:
+            if spool is not None:
+                spool.release(gaps)
+
+    def _fill(self, offset: int, buffer: memoryview) -> None:
+        """Fetch what the spool lacks (and keep it), read the rest from the spool."""
+        if self.spool is None:
+            self.backend.fetch_into(offset, buffer)
+            return
+        end = offset + len(buffer)
+        gaps = self.spool.claim(offset, end)
+        try:
+            for start, stop in gaps:
+                piece = buffer[start - offset:stop - offset]
+                self.backend.fetch_into(start, piece)
+                self.spool.keep(start, piece)
+        finally:
+            self.spool.release(gaps)
+        position = offset
+        for start, stop in [*gaps, (end, end)]:
+            if position < start:
+                self.spool.read_into(position, buffer[position - offset:start - offset])
+            position = stop
+
+    def changed(self) -> bool:
+        return self.backend.current_version() != self.version
+
+    def torch_storage(self) -> object:
+        """The whole object, downloaded once into memory (``ckptport.read`` only)."""
+        with self._lock:
+            if self._mapped is None:
+                import torch
+
+                data = bytearray(self.size)
+                self.read_into(0, memoryview(data))
+                self._mapped = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() \
+                    if data else torch.UntypedStorage(0)
+            return self._mapped
+
+    def close(self) -> None:
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True, cancel_futures=True)
+            self._ahead_pool = None
+        self.backend.close()
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+class Spool:
+    """Byte ranges of one object already fetched, in an unlinked temporary file."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
+        self.fd = self.file.fileno()
+        self._lock = threading.Condition()
+        self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
+        self._stops: list[int] = []
+        self._fetching: list[tuple[int, int]] = []  # ranges a thread is fetching now
+
+    @classmethod
+    def for_size(cls, size: int) -> Spool | None:
+        if os.environ.get("CKPTPORT_REMOTE_SPOOL") == "0":
+            return None
+        try:
+            free = shutil.disk_usage(tempfile.gettempdir()).free
+        except OSError:
+            return None
+        return cls() if free > size + SPOOL_HEADROOM else None
+
+    def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, stop)`` not held, in order."""
+        with self._lock:
+            return self._missing(start, stop)
+
+    def _missing(self, start: int, stop: int) -> list[tuple[int, int]]:
+        gaps = []
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        position = start
+        while position < stop and i < len(self._starts):
+            if self._stops[i] <= position:
+                i += 1
+                continue
+            if self._starts[i] >= stop:
+                break
+            if self._starts[i] > position:
+                gaps.append((position, self._starts[i]))
+            position = max(position, self._stops[i])
+            i += 1
+        if position < stop:
+            gaps.append((position, stop))
+        return gaps
+
+    def claim(self, start: int, stop: int, wait: bool = True) -> list[tuple[int, int]]:
+        """The parts of ``[start, stop)`` this thread must fetch (then ``keep`` and
+        ``release``). Parts another thread is fetching are waited for, not fetched twice:
+        the source's hash and the tensor reads of ``normalize`` meet on the same bytes.
+        Without ``wait`` (a prefetch), nothing is claimed while another fetch overlaps."""
+        with self._lock:
+            while True:
+                gaps = self._missing(start, stop)
+                if not any(a < y and x < b for a, b in gaps for x, y in self._fetching):
+                    self._fetching += gaps
+                    return gaps
+                if not wait:
+                    return []
+                self._lock.wait()
+
+    def release(self, gaps: list[tuple[int, int]]) -> None:
+        with self._lock:
+            for gap in gaps:
+                self._fetching.remove(gap)
+            self._lock.notify_all()
+
+    def keep(self, start: int, data: memoryview) -> None:
+        done = 0
+        try:
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], start + done)
+        except OSError:  # the disk filled up: these bytes are fetched again if read again
+            return
+        with self._lock:
+            stop = start + len(data)
+            i = bisect.bisect_left(self._stops, start)  # first range that may touch
+            j = bisect.bisect_right(self._starts, stop)  # past the last that may touch
+            if i < j:
+                start, stop = min(start, self._starts[i]), max(stop, self._stops[j - 1])
+            self._starts[i:j] = [start]
+            self._stops[i:j] = [stop]
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        done = 0
+        while done < len(buffer):
+            n = os.preadv(self.fd, [buffer[done:]], offset + done)
+            if n <= 0:
+                raise OSError("the spool file ended early")
+            done += n
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class RemoteStream(io.RawIOBase):
+    """The object as a read-only binary stream (hashing the source reads it in order)."""
+
+    def __init__(self, file: RemoteFile) -> None:
+        super().__init__()
+        self.file, self.position = file, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self.file.size - self.position))
+        self.file.read_into(self.position, view[:n])
+        self.position += n
+        return n

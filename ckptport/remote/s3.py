@@ -1,0 +1,143 @@
+"""``s3://`` sources through boto3: the AWS credential chain, ``AWS_ENDPOINT_URL``.
+
+boto3 finds credentials as every AWS tool does (environment, shared
+files, SSO, instance and container roles) and honours ``AWS_ENDPOINT_URL``
+(``AWS_ENDPOINT_URL_S3``) for MinIO, R2, GCS interoperability or a local
+server. ``HeadObject`` pins the object's size, ETag and version id; every
+``GetObject`` asks for one byte range with ``IfMatch`` (and ``VersionId``
+on a versioned bucket), so a rewritten object is an error, never a mix.
+botocore retries throttling and 5xx itself; a body cut short is retried
+here like any other transient fault.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from ..errors import InputError
+from . import meter
+from .objects import ATTEMPTS, NotFound, Transient, missing_extra, retrying
+from .urls import RemotePath, redact
+
+__all__ = ["open_s3", "S3Object"]
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _client(endpoint: str | None) -> Any:
+    """One client per endpoint (boto3 clients are thread-safe; building one is slow)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise missing_extra("s3") from None
+    config = Config(retries={"max_attempts": ATTEMPTS, "mode": "standard"},
+                    max_pool_connections=64)
+    with _lock:
+        return boto3.session.Session().client("s3", config=config)
+
+
+def open_s3(path: RemotePath) -> S3Object:
+    import os
+
+    return S3Object(path, _client(os.environ.get("AWS_ENDPOINT_URL_S3")
+                                  or os.environ.get("AWS_ENDPOINT_URL")))
+
+
+class S3Object:
+    """One S3 object at the version its ``HeadObject`` found."""
+
+    def __init__(self, path: RemotePath, client: Any) -> None:
+        self.path, self.client = path, client
+        self.bucket, self.key = path.url.host, path.url.key
+        if not self.key or self.key.endswith("/"):
+            raise InputError("names a folder; folder mode reads local folders only: name a "
+                             "checkpoint file or a *.index.json", path)
+        head = retrying(lambda: self._call("head_object"), path)
+        self.size = int(head["ContentLength"])
+        self.etag: str = head.get("ETag", "")
+        self.version_id: str | None = head.get("VersionId")
+        self.version = self.version_id or self.etag
+        meter.add(0, objects=1)
+
+    def _call(self, operation: str, **extra: Any) -> Any:
+        pinned = {"VersionId": self.version_id} if getattr(self, "version_id", None) else {}
+        meter.add(0)
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, Key=self.key,
+                                                   **pinned, **extra)
+        except Exception as exc:
+            raise _refusal(exc, self.path) from None
+
+    def fetch_into(self, offset: int, buffer: memoryview) -> None:
+        retrying(lambda: self._range(offset, buffer), self.path)
+
+    def _range(self, offset: int, buffer: memoryview) -> None:
+        end = offset + len(buffer) - 1
+        answer = self._call("get_object", Range=f"bytes={offset}-{end}",
+                            **({"IfMatch": self.etag} if self.etag else {}))
+        got = answer.get("ContentRange", "")
+        if got.split("/")[0] != f"bytes {offset}-{end}":
+            raise InputError(f"asked for bytes {offset}-{end}, S3 sent Content-Range {got!r}",
+                             self.path)
+        body, done = answer["Body"], 0
+        try:
+            while done < len(buffer):
+                piece = body.read(min(len(buffer) - done, 1 << 20))
+                if not piece:
+                    break
+                buffer[done:done + len(piece)] = piece
+                done += len(piece)
+        except Exception as exc:  # urllib3 / botocore streaming errors: the connection broke
+            meter.add(done, requests=0)
+            raise Transient(f"the connection broke after {done} of {len(buffer)} bytes "
+                            f"({type(exc).__name__})") from None
+        finally:
+            body.close()
+        meter.add(done, requests=0)
+        if done < len(buffer):
+            raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated)")
+
+    def current_version(self) -> str | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.key)
+        except Exception:
+            return None
+        return head.get("VersionId") or head.get("ETag", "")
+
+    def close(self) -> None:
+        """The client's connection pool is shared by every object; nothing to close."""
+
+
+def _refusal(exc: Exception, path: RemotePath) -> Exception:
+    """botocore's exceptions as one line: not found, denied, changed, or unreachable."""
+    name = type(exc).__name__
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
+        what = "no such bucket" if code == "NoSuchBucket" else "not found"
+        return NotFound(f"{what} ({code})", path)
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                "ExpiredToken"):
+        return InputError(f"access denied ({code}): check the AWS credentials (environment, "
+                          "~/.aws, role) and the bucket policy", path)
+    if code in ("PreconditionFailed", "412"):
+        return InputError("changed while it was read (its ETag is no longer the one pinned "
+                          "at the first request); run again", path)
+    if code in ("InvalidRange", "416"):
+        return InputError("is shorter than the size S3 first reported", path)
+    if name == "NoCredentialsError":
+        return InputError("no AWS credentials found (set AWS_ACCESS_KEY_ID/"
+                          "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run where a role applies)",
+                          path)
+    if status is not None and (status == 429 or status >= 500):
+        return Transient(f"S3 answered {status} {code}")
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                "ConnectionClosedError"):
+        return InputError(f"cannot reach the S3 endpoint ({name})", path)
+    text = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else name)
+    return InputError(f"S3 error: {text}", path)

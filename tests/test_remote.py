@@ -1,0 +1,425 @@
+"""Remote sources against real servers on 127.0.0.1: an HTTP object server, the hub's
+routes (``HF_ENDPOINT`` pointing at it) and moto's standalone S3 server.
+
+Every command reads the remote copy and must agree with the local copy:
+``inspect`` and ``check`` reports, the manifest, ``diff`` (equal), and
+``normalize`` output byte for byte. Transfers are counted by the servers
+and by ckptport's report, and bounded: a report reads headers, not tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ckptport.remote import meter
+from ckptport.remote.urls import RemotePath, location, parse_url
+from fixtures.servers import HubRepo, ObjectServer
+
+TOKEN = "hf_secrettoken123"
+REPO = "org/model"
+MiB = 1 << 20
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed.weight": torch.randn(512, 1024, generator=g),  # 2 MiB
+            "layer.weight": torch.randn(1024, 512, generator=g),  # 2 MiB
+            "layer.bias": torch.randn(512, generator=g).to(torch.bfloat16),
+            "steps": torch.arange(7)}
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory, fx: dict[str, Path]) -> dict[str, Path]:
+    """The local copies: a safetensors file, a torch zip, a shard set, a malicious pickle."""
+    out = tmp_path_factory.mktemp("remote_local")
+    state = _state(0)
+    save_file(state, out / "model.safetensors")
+    torch.save({"model": state, "epoch": 3}, out / "model.pth")
+    shards = out / "shards"
+    shards.mkdir()
+    names = sorted(state)
+    weight_map = {}
+    for i, part in enumerate((names[:2], names[2:]), 1):
+        name = f"model-0000{i}-of-00002.safetensors"
+        save_file({k: state[k] for k in part}, shards / name)
+        weight_map.update(dict.fromkeys(part, name))
+    (shards / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return {"safetensors": out / "model.safetensors", "pth": out / "model.pth",
+            "shards": shards, "malicious": fx["malicious_zip"]}
+
+
+@pytest.fixture(scope="session")
+def server(local: dict[str, Path]) -> Iterator[ObjectServer]:
+    made = ObjectServer()
+    made.objects.update({"/model.safetensors": local["safetensors"], "/model.pth": local["pth"],
+                         "/malicious.pth": local["malicious"]})
+    made.objects.update({f"/shards/{p.name}": p for p in local["shards"].iterdir()})
+    made.denied.add("/secret.pth")
+    made.repos[REPO] = HubRepo({p.name: p for p in local["shards"].iterdir()} |
+                               {"single/model.pth": local["pth"]})
+    made.token = TOKEN
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def hub(server: ObjectServer, monkeypatch: pytest.MonkeyPatch) -> ObjectServer:
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    return server
+
+
+@pytest.fixture(scope="session")
+def s3(local: dict[str, Path]) -> Iterator[str]:
+    """moto's S3 server holding the same files; yields its endpoint."""
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from fixtures.servers import moto_server
+
+    started = moto_server()
+    endpoint = f"http://127.0.0.1:{started._server.server_port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testingsecret", AWS_DEFAULT_REGION="us-east-1")
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="ckpts")
+    for name in ("safetensors", "pth"):
+        client.upload_file(str(local[name]), "ckpts", f"run/{local[name].name}")
+    for shard in local["shards"].iterdir():
+        client.upload_file(str(shard), "ckpts", f"shards/{shard.name}")
+    yield endpoint
+    started.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _url(kind: str, scheme: str, server: ObjectServer) -> str:
+    """The remote spelling of local ``kind`` over ``scheme``."""
+    http = {"safetensors": "/model.safetensors", "pth": "/model.pth",
+            "shards": "/shards/model.safetensors.index.json"}
+    s3 = {"safetensors": "run/model.safetensors", "pth": "run/model.pth",
+          "shards": "shards/model.safetensors.index.json"}
+    hub = {"pth": "single/model.pth", "shards": ""}
+    if scheme == "http":
+        return server.url + http[kind]
+    if scheme == "s3":
+        return f"s3://ckpts/{s3[kind]}"
+    return f"hf://{REPO}@main/{hub[kind]}".rstrip("/")
+
+
+CASES = [("http", "safetensors"), ("http", "pth"), ("http", "shards"), ("s3", "safetensors"),
+         ("s3", "pth"), ("s3", "shards"), ("hf", "pth"), ("hf", "shards")]
+
+
+@pytest.fixture
+def remote(request: pytest.FixtureRequest, server: ObjectServer,
+           monkeypatch: pytest.MonkeyPatch) -> ObjectServer:
+    scheme = request.param
+    if scheme == "hf":
+        pytest.importorskip("huggingface_hub")
+        request.getfixturevalue("hub")
+    if scheme == "s3":
+        request.getfixturevalue("s3")
+    server.reset()
+    server.scheme = scheme  # type: ignore[attr-defined]
+    return server
+
+
+def _json(result: object) -> dict:
+    return json.loads(result.stdout)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("remote", "kind"), CASES, indirect=["remote"])
+def test_every_command_agrees_with_the_local_copy(remote, kind, local, run, tmp_path):
+    url, here = _url(kind, remote.scheme, remote), local[kind]
+    shown, mine = run("inspect", url, "--format", "json"), run("inspect", here, "--format", "json")
+    assert shown.exit_code == 0, shown.stderr
+    got, expected = _json(shown), _json(mine)
+    assert got["transferred"]["bytes"] > 0 and "transferred" not in expected
+    for key in ("format", "tensors", "parameters", "bytes_by_dtype", "tensor_bytes"):
+        assert got[key] == expected[key], key
+
+    checked = run("check", url, "--format", "json")
+    assert checked.exit_code == _json(run("check", here, "--format", "json"))["exit_code"]
+    assert _json(checked)["files"][0]["path"].split("://")[0] == remote.scheme
+
+    made = run("manifest", url)
+    assert made.exit_code == 0, made.stderr
+    assert made.stdout == run("manifest", here).stdout
+
+    compared = run("diff", url, here, "--format", "json")
+    assert compared.exit_code == 0, compared.stdout
+    assert _json(compared)["equal"] and _json(compared)["transferred"]["bytes"] > 0
+
+    for ext in ("safetensors", "pth"):
+        theirs, ours = tmp_path / f"remote.{ext}", tmp_path / f"local.{ext}"
+        written = run("normalize", url, theirs, "--format", "json", "-q")
+        assert written.exit_code == 0, written.stderr
+        assert run("normalize", here, ours, "-q").exit_code == 0
+        assert theirs.read_bytes() == ours.read_bytes()  # source_sha256 included
+        assert _json(written)["transferred"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("remote", ["http", "hf"], indirect=True)
+def test_reports_transfer_the_header_not_the_tensors(remote, local, run):
+    """A torch zip: its directory, pickle and local headers; a safetensors file: its
+    header and the sniff's prefix and tail; no tensor's bytes in either."""
+    kinds = ["pth"] if remote.scheme == "hf" else ["pth", "safetensors"]
+    for kind in kinds:
+        url = _url(kind, remote.scheme, remote)
+        remote.reset()
+        result = run("inspect", url, "--format", "json")
+        assert result.exit_code == 0, result.stderr
+        reported = _json(result)["transferred"]["bytes"]
+        # the report says what the server sent (the hub: also the revision's JSON, 1 request)
+        assert reported <= remote.stats.bytes_sent <= reported + (
+            4096 if remote.scheme == "hf" else 0)
+        size = local[kind].stat().st_size
+        assert size > 4 * MiB
+        limit = 256 << 10 if kind == "pth" else (1 << 20) + (80 << 10) + 4096
+        assert remote.stats.bytes_sent <= limit, (kind, remote.stats.bytes_sent)
+
+
+def test_hub_token_goes_to_the_hub_only(hub, run):
+    hub.reset()
+    made = run("manifest", f"hf://{REPO}")
+    assert made.exit_code == 0, made.stderr
+    cdn = {p: a for p, a in hub.stats.auth.items() if p.startswith("/cdn/")}
+    api = {p: a for p, a in hub.stats.auth.items() if p.startswith("/api/")}
+    assert cdn and all(a == {""} for a in cdn.values())  # the redirect target saw no token
+    assert api and all(a == {f"Bearer {TOKEN}"} for a in api.values())
+    assert TOKEN not in made.stdout + made.stderr
+
+
+def test_hub_without_token_is_one_line(hub, run, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    result = run("inspect", f"hf://{REPO}/single/model.pth")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and f"hf://{REPO}/single/model.pth" in result.stderr
+    assert "hf_wrong" not in result.stderr
+
+
+@pytest.mark.parametrize(("fault", "count", "message"), [
+    ("error_500", 1, None), ("error_429", 1, None), ("drop", 1, None), ("stall", 1, None),
+    ("error_500", -1, "HTTP 500"), ("ignore_range", -1, "ignores Range"),
+    ("wrong_range", -1, "Content-Range"), ("short_body", -1, "truncated"),
+    ("lie_size", -1, "the server sent Content-Range"),
+])
+def test_http_faults(server, run, tmp_path, monkeypatch, fault, count, message):
+    """Transient faults are retried to success; persistent ones are one line, exit 2."""
+    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    if fault == "stall":  # the answer comes later than the client waits: timed out, retried
+        monkeypatch.setattr("ckptport.remote.http.TIMEOUT", 0.5)
+    server.reset()
+    server.faults[fault] = count
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", server.url + "/model.pth", out, "-q")
+    server.reset()
+    if message is None:
+        assert result.exit_code == 0, result.stderr
+        assert out.exists()
+        return
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"{server.url}/model.pth" in result.stderr and message in result.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_object_changed_mid_read(server, run, tmp_path):
+    """The object is rewritten after the first request: the pinned ETag no longer matches."""
+    server.reset()
+    server.objects["/moving.pth"] = server.objects["/model.pth"].read_bytes()  # type: ignore[union-attr]
+    target = RemotePath(parse_url(server.url + "/moving.pth"))
+    file = target.opened()
+    server.objects["/moving.pth"] = b"x" + server.objects["/moving.pth"]  # type: ignore[operator]
+    with pytest.raises(Exception, match="changed while it was read"):
+        file.read(0, 100)
+    assert file.changed()
+    server.objects["/moving.pth"] = server.objects["/model.pth"]
+    server.faults["change"] = 1  # rewritten right after the first request pinned it
+    result = run("normalize", server.url + "/moving.pth", tmp_path / "o.pth", "-q")
+    assert result.exit_code == 2 and "changed while it was read" in result.stderr
+    assert f"{server.url}/moving.pth" in result.stderr
+    assert not (tmp_path / "o.pth").exists()
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("http://127.0.0.1:9/model.pth", "cannot reach the server"),
+    ("{server}/missing.pth", "not found (HTTP 404)"),
+    ("{server}/secret.pth", "access denied (HTTP 403)"),
+    ("ftp://host/model.pth", "ftp:// sources are not read"),
+    ("{server}/", "names a folder"),
+])
+def test_bad_urls_are_one_line(server, run, tmp_path, monkeypatch, url, message):
+    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    given = url.format(server=server.url)
+    for args in (("inspect", given), ("normalize", given, tmp_path / "o.pth")):
+        result = run(*args)
+        assert result.exit_code == 2, result.stdout
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_credentials_never_printed(server, run, monkeypatch):
+    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    port = server.url.rsplit(":", 1)[1]
+    url = f"http://user:hunter2@127.0.0.1:{port}/missing.pth?X-Amz-Signature=topsecret"
+    result = run("inspect", url)
+    assert result.exit_code == 2
+    assert "hunter2" not in result.stderr and "topsecret" not in result.stderr
+    assert f"http://***@127.0.0.1:{port}/missing.pth?***" in result.stderr
+    shown = run("inspect", url.replace("missing", "model"), "--format", "json")
+    assert shown.exit_code == 0 and "hunter2" not in shown.stdout
+    assert "topsecret" not in shown.stdout
+
+
+def test_remote_malicious_pickle_is_refused(server, run, tmp_path, sentinel):
+    url = server.url + "/malicious.pth"
+    result = run("normalize", url, tmp_path / "o.pth")
+    assert result.exit_code == 2 and url in result.stderr
+    shown = run("check", url, "--format", "json")
+    assert shown.exit_code == 1 and "CKP003" in shown.stdout
+    assert not sentinel.exists() and not (tmp_path / "o.pth").exists()
+
+
+def test_s3_changed_object_and_folder(s3, local, run):
+    import boto3
+
+    path = RemotePath(parse_url("s3://ckpts/run/model.pth"))
+    file = path.opened()
+    boto3.client("s3").put_object(Bucket="ckpts", Key="run/model.pth", Body=b"rewritten")
+    try:
+        with pytest.raises(Exception, match="changed while it was read"):
+            file.read(0, 64)
+    finally:
+        boto3.client("s3").upload_file(str(local["pth"]), "ckpts", "run/model.pth")
+    for url, message in (("s3://ckpts/run/", "names a folder"),
+                         ("s3://ckpts/run/nothing.pth", "not found")):
+        result = run("inspect", url)
+        assert result.exit_code == 2 and message in result.stderr and url in result.stderr
+
+
+def test_without_the_extra_one_line(hub, run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    result = run("inspect", f"hf://{REPO}")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "pip install 'ckptport[remote]'" in result.stderr
+
+
+def test_url_grammar():
+    hub = parse_url("hf://datasets/org/data@refs%2Fpr%2F3/sub/x.safetensors")
+    assert (hub.repo_type, hub.host, hub.revision, hub.key) == (
+        "dataset", "org/data", "refs/pr/3", "sub/x.safetensors")
+    assert parse_url("hf://org/repo@refs/pr/3/x.bin").revision == "refs/pr/3"
+    assert parse_url("hf://org/repo").key == "" and parse_url("hf://org/repo").revision is None
+    assert str(location("hf://org/repo@v1/a/b.pth")) == "hf://org/repo@v1/a/b.pth"
+    assert str(location("https://u:p@h:8/a//b?sig=1")) == "https://***@h:8/a//b?***"
+    assert location("s3://b/k/model.pth").parent / "x.pth" == location("s3://b/k/x.pth")
+    assert isinstance(location("./https:/x"), Path)
+
+
+def test_start_up_imports_no_network_client():
+    code = ("import sys, ckptport, ckptport.cli; "
+            "print(sorted(m for m in ('boto3', 'botocore', 'huggingface_hub', 'http.client', "
+            "'ckptport.remote.http') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_meter_counts_only_remote_use():
+    meter.reset()
+    assert meter.transferred() is None
+
+
+def test_spool_holds_each_fetched_byte_once():
+    """The spool's bookkeeping against a plain list of flags, over random ranges."""
+    import random
+
+    from ckptport.remote.objects import Spool
+
+    rng = random.Random(1)
+    data = rng.randbytes(5000)
+    spool, held = Spool(), [False] * len(data)
+    for _ in range(300):
+        start = rng.randrange(len(data))
+        stop = rng.randrange(start, min(len(data), start + 400) + 1)
+        gaps = spool.missing(start, stop)
+        assert [i for g in gaps for i in range(*g)] == [i for i in range(start, stop)
+                                                        if not held[i]]
+        for a, b in gaps:
+            spool.keep(a, memoryview(data[a:b]))
+            held[a:b] = [True] * (b - a)
+        back = bytearray(stop - start)
+        spool.read_into(start, memoryview(back))
+        assert bytes(back) == data[start:stop]
+    spool.close()
+
+
+def test_only_rereading_commands_spool(server):
+    from ckptport.readers import resolve
+    from ckptport.sources import read_more_than_once
+
+    assert resolve(server.url + "/model.pth").file.spool is None  # type: ignore[union-attr]
+    with read_more_than_once():
+        kept = resolve(server.url + "/shards/model.safetensors.index.json")
+    assert kept.index is not None
+    assert all(shard.opened().spool is not None for shard in kept.index.shards)
+
+
+def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
+    """Reading, hashing the source and verifying read the spool, not the network again."""
+    server.reset()
+    result = run("normalize", server.url + "/model.pth", tmp_path / "o.safetensors", "-q",
+                 "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    # (the hashing thread waits for a range the reader is fetching, and the other way round)
+    assert server.stats.bytes_sent <= local["pth"].stat().st_size + (64 << 10)
+    assert _json(result)["transferred"]["bytes"] == server.stats.bytes_sent
+
+
+def test_dst_is_local(server, run, tmp_path):
+    result = run("normalize", server.url + "/model.pth", "s3://bucket/out.safetensors")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "s3://bucket/out.safetensors: is a URL; DST is written locally" in result.stderr
+    assert not Path("s3:").exists()
+
+
+def test_python_api_reads_remote(server, local):
+    import ckptport
+
+    remote = ckptport.read(server.url + "/model.safetensors").tree
+    here = ckptport.read(local["safetensors"]).tree
+    assert set(remote) == set(here)
+    assert all(torch.equal(remote[k], here[k]) for k in here)
+    shown = ckptport.inspect(server.url + "/model.pth", with_hash=True)
+    assert shown.sha256 == ckptport.inspect(local["pth"], with_hash=True).sha256
+
+
+def test_ci_recipe_gates_a_hub_artifact_against_a_manifest(hub, local, run, tmp_path):
+    """docs/remote.md's recipe: the manifest made locally, the gate run on the hub copy."""
+    committed = tmp_path / "model.manifest.json"
+    assert run("manifest", local["shards"], "-o", committed).exit_code == 0
+    gate = ("check", f"hf://{REPO}@main", "--against-manifest", committed,
+            "--require-format", "safetensors-shards", "--format", "github")
+    passed = run(*gate)
+    assert passed.exit_code == 0, passed.stdout + passed.stderr
+    other = tmp_path / "other.safetensors"  # another release's weights, same names and shapes
+    save_file(_state(1), other)
+    assert run("manifest", other, "-o", committed, "--overwrite").exit_code == 0
+    failed = run(*gate)
+    assert failed.exit_code == 1 and "CKP010" in failed.stdout
