@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fixtures.corpus import build_corpus  # noqa: E402
 from fixtures.fuzz import corpus_seeds, fuzz, seeds  # noqa: E402
 from fixtures.make_fixtures import build  # noqa: E402
+from fixtures.valid_corpus import build_valid  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +35,11 @@ def main() -> int:
         work = Path(tmp)
         fixtures = build(work / "fixtures", work / "SENTINEL")
         corpus = build_corpus(work / "corpus", work / "SENTINEL")
+        valid = build_valid(work / "valid")
         all_seeds = seeds(fixtures, work / "seeds") + corpus_seeds(
-            {name: case.path for name, case in corpus.items()})
-        print(f"{len(all_seeds)} seeds (fixtures and the hostile corpus)", flush=True)
+            {name: case.path for name, case in corpus.items()}) + corpus_seeds(valid)
+        print(f"{len(all_seeds)} seeds (fixtures, the hostile corpus, the valid encodings)",
+              flush=True)
         distinct: dict[str, list[str]] = collections.defaultdict(list)
         run = 0
         for case, finding in fuzz(all_seeds, args.cases, args.out, args.seed, until):

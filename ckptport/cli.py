@@ -172,6 +172,9 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
                      help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
                           "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
+        click.option("--tag", metavar="NAME",
+                     help="A DeepSpeed checkpoint folder's tag to read (default: the one its "
+                          "'latest' file names, as DeepSpeed does)."),
         click.option("--max-expansion", type=click.FloatRange(min=0, min_open=True),
                      metavar="RATIO", help="Tensors may stand for at most RATIO times the "
                      "file's bytes plus 64 MiB (default 2, or CKPTPORT_MAX_EXPANSION): stride-0 "
@@ -282,7 +285,8 @@ def cli() -> None:
 @_report_format("normalize")
 @click.pass_context
 def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
-              options: NormalizeOptions, max_expansion: float | None, anchor: str,
+              options: NormalizeOptions, max_expansion: float | None, tag: str | None,
+              anchor: str,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
               part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
@@ -327,7 +331,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
                                 manifest=manifest_path, jobs=jobs, metadata=metadata,
-                                hash_name=hash_name, max_expansion=max_expansion,
+                                hash_name=hash_name, max_expansion=max_expansion, tag=tag,
                                 progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
@@ -345,6 +349,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("manifest")
 def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float | None,
+                     tag: str | None,
                      output: Path | None, overwrite: bool,
                      trust: bool, jobs: int | None, quiet: bool, report_format: str) -> None:
     """List the normalized weights of SRC with the sha256 of each tensor's canonical bytes
@@ -356,7 +361,7 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
 
     with _progress(quiet) as progress:
         progress(f"reading {src}", 0)
-        made = manifest(src, options, jobs=jobs, trust=trust, max_expansion=max_expansion,
+        made = manifest(src, options, jobs=jobs, trust=trust, max_expansion=max_expansion, tag=tag,
                         progress=progress)
     if output is None:
         click.echo(made.to_json(), nl=False)
@@ -393,7 +398,7 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
               help="Apply the key recipe FILE (as --map) to B only.")
 @click.pass_context
 def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
-         max_expansion: float | None, raw: bool, atol: float,
+         max_expansion: float | None, tag: str | None, raw: bool, atol: float,
          rtol: float, cast: bool, trust: bool, limit: int, quiet: bool, report_format: str,
          plot: Path | None, map_a: Path | None, map_b: Path | None) -> None:
     """Compare checkpoints A and B (any formats, or a manifest), both normalized alike first.
@@ -416,7 +421,7 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
         progress(f"reading {a} and {b}", 0)
         report = diff_checkpoints(a, b, atol=atol, rtol=rtol, cast=cast,
                                   options=None if raw else options, raw=raw, trust=trust,
-                                  map_a=map_a, map_b=map_b, max_expansion=max_expansion,
+                                  map_a=map_a, map_b=map_b, max_expansion=max_expansion, tag=tag,
                                   progress=progress)
     click.echo(formatter(report_format).diff(report, limit))
     if plot is not None:
@@ -433,8 +438,11 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
               help="Levels of the layout tree to list.")
 @click.option("--hash", "with_hash", is_flag=True,
               help="Also compute the file's sha256 (reads every byte).")
+@click.option("--tag", metavar="NAME",
+              help="A DeepSpeed checkpoint folder's tag (default: the one 'latest' names).")
 @_report_format("inspect")
-def inspect_command(path: Path, depth: int, with_hash: bool, report_format: str) -> None:
+def inspect_command(path: Path, depth: int, with_hash: bool, tag: str | None,
+                    report_format: str) -> None:
     """Describe PATH without running or reading it: format, layout, tensors, parameters,
     bytes by dtype, recorded devices, wrapper prefixes, objects that block weights-only
     loading and the globals they need, shared storages.
@@ -442,7 +450,7 @@ def inspect_command(path: Path, depth: int, with_hash: bool, report_format: str)
     from .commands.inspection import inspect
     from .render import formatter
 
-    report = inspect(path, depth=depth, with_hash=with_hash)
+    report = inspect(path, depth=depth, with_hash=with_hash, tag=tag)
     click.echo(formatter(report_format).inspect(report))
 
 
@@ -477,7 +485,7 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @click.pass_context
 def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
                   ignore_codes: list[str], options: NormalizeOptions,
-                  max_expansion: float | None, finite: str | None,
+                  max_expansion: float | None, tag: str | None, finite: str | None,
                   require_format: tuple[str, ...], against: Path | None,
                   against_manifest: Path | None, atol: float, rtol: float, quiet: bool,
                   report_format: str) -> None:
@@ -493,7 +501,8 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
         report = check(paths, codes=codes, ignore=ignore_codes, finite=finite,
                        require_format=require_format, against=against,
                        against_manifest=against_manifest, atol=atol, rtol=rtol,
-                       options=options, max_expansion=max_expansion, progress=progress)
+                       options=options, max_expansion=max_expansion, tag=tag,
+                       progress=progress)
     click.echo(formatter(report_format).check(report))
     ctx.exit(report.exit_code)
 

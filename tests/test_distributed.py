@@ -398,3 +398,24 @@ def test_folder_mode_converts_each_layout_once(dist, run, tmp_path):
     assert result.exit_code == 0, result.stdout + result.stderr
     _same(torch.load(tmp_path / "fsdp" / "ws2.pth", weights_only=True),
           torch.load(dist / "truth" / "ws2" / "fsdp1.pt", weights_only=True))
+
+
+def test_tag_picks_a_tag_and_latest_is_the_default(dist, run, tmp_path):
+    """``--tag NAME`` reads that tag folder; without it ``latest`` decides, as DeepSpeed's."""
+    import shutil
+
+    folder = tmp_path / "save"
+    shutil.copytree(dist / "ds" / "ws2" / "s2_fp32", folder)
+    shutil.copytree(folder / "global_step2", folder / "global_step1")
+    (folder / "latest").write_text("global_step1")
+    whole = _normalize(run, folder / "global_step2", tmp_path / "want.safetensors")
+    result = run("normalize", folder, tmp_path / "tagged.safetensors", "--tag", "global_step2")
+    assert result.exit_code == 0, result.stderr
+    _same(_normalize(run, tmp_path / "tagged.safetensors", tmp_path / "again.safetensors"),
+          whole)
+    shown = run("inspect", folder, "--tag", "global_step2", "--format", "json")
+    assert shown.exit_code == 0 and "global_step2" in shown.stdout
+    missing = run("normalize", folder, tmp_path / "x.pth", "--tag", "global_step9")
+    assert missing.exit_code == 2 and "tags: global_step1, global_step2" in missing.stderr
+    elsewhere = run("normalize", dist / "fsdp1" / "ws2", tmp_path / "y.pth", "--tag", "a")
+    assert elsewhere.exit_code == 2 and "not a DeepSpeed checkpoint folder" in elsewhere.stderr

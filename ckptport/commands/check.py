@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
+from ..readers.folders import tag_for
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..tree import TextEnum
@@ -78,6 +79,7 @@ class CheckSettings:
     rtol: float = 0.0
     progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
     max_expansion: float = 2.0  # readers.budget's ratio
+    tag: str | None = None  # a DeepSpeed save folder's tag (None: follow ``latest``)
 
 
 @dataclass(frozen=True)
@@ -393,6 +395,7 @@ def check(
     rtol: float = 0.0,
     options: NormalizeOptions | None = None,
     max_expansion: float | None = None,
+    tag: str | None = None,
     progress: Progress = no_progress,
 ) -> CheckReport:
     """Run the codes on every file (folders searched for every file a loader could open).
@@ -408,6 +411,7 @@ def check(
             ``atol``/``rtol``) or a manifest (CKP010) the files must agree with.
         options: how both sides are normalized for ``against`` and the weights picked.
         max_expansion: ``readers.budget``'s ratio for CKP014 (default 2).
+        tag: a DeepSpeed save folder's tag to check (default: the one ``latest`` names).
 
     Returns:
         A ``CheckReport``: findings per file, files skipped, and the exit code.
@@ -424,7 +428,7 @@ def check(
 
     settings = CheckSettings(tuple(require_format), finite, None, None,
                              options or NormalizeOptions(), atol, rtol, progress,
-                             ratio_of(max_expansion))
+                             ratio_of(max_expansion), tag)
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
                      manifest=_PLANNED if against_manifest is not None else None)
     chosen = _codes(codes, ignore, wanted)
@@ -478,7 +482,8 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Sk
 
 def _check_file(path: Path, codes: tuple[str, ...], settings: CheckSettings) -> FileResult:
     try:
-        checkpoint = open_checkpoint(path, lenient=True)  # for a report: nothing refused
+        checkpoint = open_checkpoint(path, lenient=True,  # for a report: nothing refused
+                                     tag=tag_for(path, settings.tag))
         file = FileUnderCheck(checkpoint, survey(checkpoint), settings)
         findings = [Finding(code, CODES[code].severity, path, key, message)
                     for code in codes for key, message in CODES[code].run(file)]

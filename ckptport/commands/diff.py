@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from ..analysis.diffing import DiffReport, Side, Tolerance, compare_checkpoints, from_manifests
 from ..analysis.manifests import (
@@ -23,6 +24,7 @@ from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
+from ..readers.folders import tag_for
 from ..rules import NormalizeOptions, Recipe
 
 __all__ = ["diff", "DiffReport"]
@@ -43,6 +45,7 @@ def diff(
     map_a: Recipe | str | os.PathLike[str] | None = None,
     map_b: Recipe | str | os.PathLike[str] | None = None,
     max_expansion: float | None = None,
+    tag: str | None = None,
     progress: Progress = no_progress,
 ) -> DiffReport:
     """Compare ``a`` and ``b`` after normalizing both alike (A is the reference).
@@ -59,6 +62,7 @@ def diff(
         map_a, map_b: a key recipe (``--map FILE``) for one side only, so a renamed
             checkpoint compares with its source.
         max_expansion: the read budget's ratio (``readers.budget``).
+        tag: a DeepSpeed save folder's tag, for a side that is one.
 
     Returns:
         A ``DiffReport``; ``report.equal`` is the verdict.
@@ -74,15 +78,20 @@ def diff(
         if map_a is not None or map_b is not None:
             raise RuleError("--map-a/--map-b: a manifest side is normalized as the manifest "
                             "records; make the manifest with --map instead")
-        return _with_manifest(a, b, tolerance, trust, max_expansion, progress)
-    return compare_checkpoints(_read(a, trust, max_expansion), _read(b, trust, max_expansion),
+        return _with_manifest(a, b, tolerance, trust, (max_expansion, tag), progress)
+    reading = (max_expansion, tag)
+    return compare_checkpoints(_read(a, trust, reading), _read(b, trust, reading),
                                tolerance, options_a=_mapped(options, map_a),
                                options_b=_mapped(options, map_b), raw=raw, progress=progress)
 
 
-def _read(source: Input, trust: bool, max_expansion: float | None) -> Checkpoint:
-    return source if isinstance(source, Checkpoint) else \
-        open_checkpoint(source, trust=trust, max_expansion=max_expansion)
+def _read(source: Input, trust: bool, reading: tuple[float | None, str | None]) -> Checkpoint:
+    """``reading``: the budget's ratio and the DeepSpeed tag."""
+    if isinstance(source, Checkpoint):
+        return source
+    max_expansion, tag = reading
+    return open_checkpoint(source, trust=trust, max_expansion=max_expansion,
+                           tag=tag_for(Path(source), tag))
 
 
 def _mapped(options: NormalizeOptions | None,
@@ -97,7 +106,8 @@ def _mapped(options: NormalizeOptions | None,
 
 
 def _with_manifest(a: Input, b: Input, tolerance: Tolerance, trust: bool,
-                   max_expansion: float | None, progress: Progress) -> DiffReport:
+                   reading: tuple[float | None, str | None], progress: Progress
+                   ) -> DiffReport:
     """A manifest on one side (or both): the other is normalized as the manifest records
     and hashed, then the two manifests are compared."""
     given = next(load_manifest(x) for x in (a, b) if not isinstance(x, Checkpoint)
@@ -109,7 +119,7 @@ def _with_manifest(a: Input, b: Input, tolerance: Tolerance, trust: bool,
             made = load_manifest(source)
             return Side(str(source), "manifest", len(made.tensors),
                         (f"weights digest {made.digest}",)), made
-        checkpoint = _read(source, trust, max_expansion)
+        checkpoint = _read(source, trust, reading)
         made = manifest_of(checkpoint, options, progress=progress)
         return Side(str(checkpoint.source.path), "normalized as the manifest records",
                     len(made.tensors), (f"weights digest {made.digest}",)), made

@@ -19,7 +19,7 @@ __all__ = ["inspect", "InspectReport"]
 
 
 def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_DEPTH,
-            with_hash: bool = False) -> InspectReport:
+            with_hash: bool = False, tag: str | None = None) -> InspectReport:
     """Describe a checkpoint without running or loading it.
 
     Args:
@@ -27,6 +27,7 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         depth: levels of the layout tree to list.
         with_hash: also compute the sha256 of the files (reads every byte): the digest
             ``normalize`` records as ``ckptport.source_sha256``.
+        tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
 
     Returns:
         An ``InspectReport``: format, layout, tensors, parameters, bytes by dtype,
@@ -35,6 +36,7 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
     Raises:
         CkptportError: the path cannot be read at all.
     """
-    checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path, lenient=True)
+    checkpoint = path if isinstance(path, Checkpoint) else \
+        open_checkpoint(path, lenient=True, tag=tag)
     sha256 = sha256_files(checkpoint.source.files) if with_hash else None
     return survey(checkpoint, depth=depth, sha256=sha256)

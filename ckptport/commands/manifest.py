@@ -20,7 +20,7 @@ __all__ = ["manifest", "write_manifest"]
 def manifest(src: str | os.PathLike[str] | Checkpoint,
              options: NormalizeOptions | None = None, *, jobs: int | None = None,
              trust: bool = False, max_expansion: float | None = None,
-             progress: Progress = no_progress) -> Manifest:
+             tag: str | None = None, progress: Progress = no_progress) -> Manifest:
     """The manifest of ``src``'s weights, normalized with ``options``.
 
     Args:
@@ -30,6 +30,7 @@ def manifest(src: str | os.PathLike[str] | Checkpoint,
         jobs: hashing threads (default: every core).
         trust: unpickle with full Python (runs code from the file).
         max_expansion: the read budget's ratio (``readers.budget``).
+        tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
 
     Returns:
         The ``Manifest``: per-tensor sha256 of canonical bytes and one weights digest, the
@@ -39,5 +40,5 @@ def manifest(src: str | os.PathLike[str] | Checkpoint,
         CkptportError: the source cannot be read or normalized.
     """
     checkpoint = src if isinstance(src, Checkpoint) else \
-        open_checkpoint(src, trust=trust, max_expansion=max_expansion)
+        open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
     return manifest_of(checkpoint, options, jobs=jobs, progress=progress)

@@ -70,7 +70,7 @@ def _has_zip_directory(source: SourceFile) -> bool:
     return b"PK\x05\x06" in source.read(start, source.size - start)
 
 
-_HEAD = 1 << 20
+_HEAD = 1 << 12  # where a file that is no pickle stops being one (a safetensors length)
 
 
 class _WholeFile:
@@ -81,7 +81,7 @@ class _WholeFile:
     blocks opcodes land in are read (not the whole of a 70 GB file).
     """
 
-    _BLOCK = 1 << 20
+    _BLOCK = 1 << 16
 
     def __init__(self, source: SourceFile) -> None:
         self.source, self.blocks = source, dict[int, bytes]()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
-from ..errors import CkptportError, CodeArchiveError, InputError
+from ..errors import CkptportError, CodeArchiveError, InputError, OptionError
 from ..sources import SourceFile, open_source
 from ..tensors import to_torch
 from ..tree import is_tensor, map_tree
@@ -42,8 +42,9 @@ __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "mate
            "is_checkpoint_folder", "check_named"]
 
 
-def resolve(path: str | os.PathLike[str]) -> Source:
-    """What ``path`` names, decided once (``readers.folders`` for a folder) and opened."""
+def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
+    """What ``path`` names, decided once (``readers.folders`` for a folder) and opened;
+    ``tag`` picks a DeepSpeed save folder's tag (default: the one ``latest`` names)."""
     from ..containers.shard_index import find_index, parse_index
     from ..containers.sniff import sniff
     from ..remote.urls import is_remote
@@ -60,9 +61,12 @@ def resolve(path: str | os.PathLike[str]) -> Source:
         if kind is FolderKind.DCP:
             return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
         if kind is FolderKind.DEEPSPEED:
-            tag = tag_folder(given)
-            assert tag is not None
-            return Source(given, SourceKind.DEEPSPEED, tag, tag_files(tag))
+            folder = tag_folder(given, tag)
+            assert folder is not None
+            return Source(given, SourceKind.DEEPSPEED, folder, tag_files(folder))
+        if tag is not None:
+            raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder",
+                              given)
         if kind is FolderKind.RANKS:
             ranks = rank_files(given)
             assert ranks is not None
@@ -118,14 +122,15 @@ def _reader_for(source: Source) -> Reader:
 
 
 def open_checkpoint(path: str | os.PathLike[str] | Source, *, trust: bool = False,
-                    lenient: bool = False, max_expansion: float | None = None) -> Checkpoint:
+                    lenient: bool = False, max_expansion: float | None = None,
+                    tag: str | None = None) -> Checkpoint:
     """The checkpoint at ``path``, tensors described where the format allows (no torch).
 
     Its tensors may stand for at most ``max_expansion`` times the file's bytes
     (``readers.budget``): a strict read beyond that is an ``InputError``; a lenient one
     (reports) keeps the count for ``check`` to report.
     """
-    source = path if isinstance(path, Source) else resolve(path)
+    source = path if isinstance(path, Source) else resolve(path, tag)
     ratio = budget.ratio_of(max_expansion)
     options = ReadOptions(trust=trust, lenient=lenient, max_expansion=ratio)
     try:

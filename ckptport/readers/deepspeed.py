@@ -70,9 +70,11 @@ def is_deepspeed(path: Path) -> bool:
     return _is_tag(path) or (path / LATEST).is_file() or _is_tag(path / LIGHTNING_TAG)
 
 
-def tag_folder(path: Path) -> Path | None:
-    """The tag folder ``path`` names: itself, the one ``latest`` names, or Lightning's
-    ``checkpoint/``; None when ``path`` is not a DeepSpeed checkpoint."""
+def tag_folder(path: Path, tag: str | None = None) -> Path | None:
+    """The tag folder ``path`` names: itself, ``tag`` (``--tag``) or else the one ``latest``
+    names, or Lightning's ``checkpoint/``; None when ``path`` is not a DeepSpeed checkpoint."""
+    if tag is not None:
+        return _named_tag(path, tag)
     if _is_tag(path):
         return path
     latest = path / LATEST
@@ -97,6 +99,20 @@ def tag_folder(path: Path) -> Path | None:
     if _is_tag(path / LIGHTNING_TAG):
         return path / LIGHTNING_TAG
     return None
+
+
+def _named_tag(path: Path, tag: str) -> Path:
+    """``--tag NAME``: that tag folder of the save folder ``path``, checked like ``latest``."""
+    if not tag or tag in (".", "..") or "/" in tag or "\\" in tag or "\0" in tag:
+        raise InputError(f"--tag {tag!r} is not a tag folder's name", path)
+    folder = path / tag
+    if not _is_tag(folder) or os.path.realpath(folder) != os.path.join(os.path.realpath(path),
+                                                                         tag):
+        found = sorted(p.name for p in path.iterdir() if p.is_dir() and _is_tag(p)) \
+            if path.is_dir() else []
+        raise InputError(f"--tag {tag}: no such DeepSpeed tag folder here (tags: "
+                         f"{', '.join(found) or 'none'})", path)
+    return folder
 
 
 class _Files:

@@ -30,7 +30,8 @@ from .dcp import is_dcp
 from .deepspeed import is_deepspeed
 from .ranks import rank_files
 
-__all__ = ["FolderKind", "folder_kind", "weights_file", "not_one_checkpoint", "WEIGHT_FILES",
+__all__ = ["FolderKind", "folder_kind", "tag_for", "weights_file", "not_one_checkpoint",
+           "WEIGHT_FILES",
            "TRAINING_STATE"]
 
 # a library's weights file in a model folder, by the name the library gives it
@@ -65,6 +66,12 @@ def folder_kind(folder: Path) -> FolderKind:
     if any((folder / name).exists() for name in WEIGHT_FILES):
         return FolderKind.WEIGHTS
     return FolderKind.CHECKPOINTS
+
+
+def tag_for(path: Path, tag: str | None) -> str | None:
+    """``--tag`` where it applies: a DeepSpeed save folder (any other path reads as is)."""
+    return tag if tag is not None and path.is_dir() and \
+        folder_kind(path) is FolderKind.DEEPSPEED else None
 
 
 def _training_state(folder: Path) -> list[str]:

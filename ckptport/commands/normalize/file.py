@@ -98,6 +98,7 @@ def normalize_file(
     metadata: str = "keep",
     hash_name: bool = False,
     max_expansion: float | None = None,
+    tag: str | None = None,
     progress: Progress = no_progress,
 ) -> NormalizeReport:
     """Normalize ``src`` into ``dst``: a file, a shard set when ``dst`` is a folder (an
@@ -120,7 +121,7 @@ def normalize_file(
     if hash_name:
         destination = staging_destination(destination)
     with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
-        source = src if isinstance(src, Source) else resolve(src)
+        source = src if isinstance(src, Source) else resolve(src, tag)
     check_destination(source.files, destination, overwrite or hash_name)
     if manifest is not None and any(same_file(Path(manifest), p)
                                     for p in (*source.files, destination.path)):
