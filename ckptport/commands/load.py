@@ -66,10 +66,19 @@ def load_state_dict(
 ) -> OrderedDict[str, torch.Tensor]:
     """A plain state dict from any checkpoint, ready for ``model.load_state_dict``.
 
-    Tensors stay mapped from the file (copy-on-write) unless ``device`` asks
-    for another device (``"cuda:0"``, ``"mps"``). ``subtree``, ``keep``,
-    ``drop``, ``rename`` and ``map`` are ``normalize``'s key steps, added to
-    ``options``.
+    Args:
+        path: any checkpoint ckptport reads.
+        device: move the tensors there (``"cuda:0"``, ``"mps"``); default: they stay
+            mapped from the file (copy-on-write).
+        options: ``NormalizeOptions``; ``subtree``, ``keep``, ``drop``, ``rename`` and
+            ``map`` are ``normalize``'s key steps, added to them.
+        trust: unpickle with full Python (runs code from the file).
+
+    Returns:
+        An ``OrderedDict`` of tensors, wrapper prefixes stripped, module versions kept.
+
+    Raises:
+        CkptportError: the file cannot be read, or the selected part is no state dict.
     """
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     normalized = apply_rules(read(path, trust=trust), options)
@@ -129,6 +138,22 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     even with ``strict=False``; ``ignore_mismatched_sizes=True`` skips it
     (the model keeps its own) and lists it in ``mismatched``. A load that
     filled no model tensor is always an error.
+
+    Args:
+        model: the module to fill (on real devices, or on ``meta``).
+        path: any checkpoint ckptport reads.
+        strict: missing or unexpected keys are an error (shape mismatches always are).
+        options, subtree, keep, drop, rename, map: as ``load_state_dict``.
+        device, dtype: where and as what the tensors go (see above).
+        ignore_mismatched_sizes: skip tensors whose shape differs, listing them.
+
+    Returns:
+        A ``LoadResult``: ``missing``, ``unexpected``, ``mismatched`` and ``loaded``.
+
+    Raises:
+        StateDictMismatchError: keys or shapes do not match (naming them), or nothing
+            was loaded.
+        CkptportError: the file cannot be read.
     """
     import torch
 

@@ -210,7 +210,23 @@ def _torch_value(value: object, storages: dict[int, object]) -> object:
 
 def read(path: str | os.PathLike[str], *, trust: bool = False,
          max_expansion: float | None = None) -> Checkpoint:
-    """Read any supported checkpoint; tensors are CPU tensors backed by the file."""
+    """Read any checkpoint ckptport reads, without running code from it (unless ``trust``).
+
+    Args:
+        path: a file, a shard set or model folder, a DCP, DeepSpeed or rank-file folder,
+            or a URL (``hf://``, ``s3://``, ``https://``: the ``remote`` extra).
+        trust: unpickle with full Python: runs code from the file (only for files you
+            vouch for).
+        max_expansion: the read budget's ratio (``readers.budget``).
+
+    Returns:
+        A ``Checkpoint``: the tree as stored (wrapper prefixes, optimizer and all), its
+        tensors CPU tensors backed by the file (copy-on-write), and the source's facts.
+
+    Raises:
+        InputError: missing, corrupt, truncated, ambiguous, or beyond the budget.
+        UnsafeCheckpointError: the file names globals that would run code.
+    """
     return materialize(open_checkpoint(path, trust=trust, max_expansion=max_expansion))
 
 

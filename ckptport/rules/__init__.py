@@ -162,10 +162,23 @@ def apply_rules(checkpoint: Checkpoint, options: NormalizeOptions | None = None,
                 rules: Sequence[NormalizeRule] | None = None) -> Normalized:
     """Apply every rule in order; the source checkpoint is left as it was.
 
-    ``lazy=True`` (for writing) defers every copy to the writers, one tensor
-    at a time; the default gives real, compact torch tensors. ``rules``
-    replaces the built-in list (``build_rules(options)`` plus a rule of your
-    own, for example); ``options`` are then unused.
+    ``ckptport.normalize`` is this function: the rules alone, no file written.
+
+    Args:
+        checkpoint: what ``ckptport.read`` gives.
+        options: ``NormalizeOptions`` (select, prefixes, key steps, dtype).
+        lazy: defer every copy to the writers, one tensor at a time (for writing); the
+            default gives real, compact torch tensors.
+        require_prefix_match: a ``--strip-prefix`` that no key carries is an error (off
+            for ``diff``, where it may be on one side only).
+        rules: replaces the built-in list (``build_rules(options)`` plus a rule of your
+            own, for example); ``options`` are then unused.
+
+    Returns:
+        ``Normalized``: the new checkpoint and each rule's ``RuleResult``.
+
+    Raises:
+        SelectionError, RuleError, OptionError: a rule cannot apply without losing data.
     """
     results = []
     if rules is None:

@@ -101,16 +101,42 @@ def normalize_file(
     tag: str | None = None,
     progress: Progress = no_progress,
 ) -> NormalizeReport:
-    """Normalize ``src`` into ``dst``: a file, a shard set when ``dst`` is a folder (an
-    existing one, or a path ending in a separator) or ``max_shard_size`` is given, or
-    a DCP folder with ``to="dcp"``.
+    """Read ``src``, normalize it, write ``dst`` atomically and verify it bit for bit.
 
-    ``manifest`` also writes the manifest of the output (``ckptport manifest``) from the
-    bytes as they are written; ``jobs`` threads verify (default: every core);
-    ``hash_source`` computes the source's sha256 whatever the output (folder mode
-    records it to resume). ``metadata="drop"`` leaves a safetensors source's own
-    metadata out of a safetensors output (``keep``: carried). ``hash_name`` names
-    the output ``STEM-<first 8 hex of its sha256>.EXT`` (torch.hub's check_hash)."""
+    What ``ckptport normalize SRC DST`` runs.
+
+    Args:
+        src: any checkpoint ckptport reads (a file, a shard set, a DCP, DeepSpeed, rank-file
+            or model folder, a URL), or a ``Source`` already resolved.
+        dst: a file (format from its extension), a folder (an existing one, or a path
+            ending in a separator) for a shard set, or a folder with ``to="dcp"``.
+        options: which weights and keys (``--select``, ``--strip-prefix``, key steps,
+            ``--dtype``); default ``NormalizeOptions()``.
+        to: an output format's name (``writers.formats``); default from DST.
+        anchor: the device a ``.pth`` records (``cpu`` or ``cuda:N``).
+        overwrite, verify, trust: as the CLI flags (``trust`` runs code from the file).
+        max_shard_size: write a shard set of shards of at most this size.
+        dcp_key: nest the tree under this key in a DCP folder.
+        manifest: also write the output's manifest, hashed as the bytes are written.
+        jobs: verification threads (default: every core).
+        hash_source: compute the source's sha256 whatever the output (folder mode).
+        metadata: ``keep`` a safetensors source's own metadata in a safetensors output, or
+            ``drop`` it.
+        hash_name: name the output ``STEM-<first 8 hex of its sha256>.EXT`` (torch.hub's
+            ``check_hash``).
+        max_expansion: the read budget's ratio (``readers.budget``).
+        tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
+        progress: a ``Progress`` callback (the CLI's tqdm bars).
+
+    Returns:
+        A ``NormalizeReport``: what the source held, what each rule did, what was written.
+
+    Raises:
+        InputError: the source cannot be read, or changed while it was read.
+        OutputError: DST exists (without ``overwrite``), is the source, cannot be written.
+        RuleError, SelectionError, OptionError: the options cannot apply to this file.
+        VerificationError: the written file does not read back bit for bit (DST untouched).
+    """
     if metadata not in METADATA_CHOICES:
         raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
     if is_remote(os.fspath(dst)):

@@ -309,7 +309,22 @@ def _quiet_worker() -> None:
 def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                      settings: FolderOptions | None = None, *,
                      progress: Progress = no_progress) -> FolderReport:
-    """Normalize every checkpoint under ``src`` into ``dst`` (see the module docstring)."""
+    """Normalize every checkpoint under ``src`` into ``dst`` (folder mode).
+
+    Args:
+        src: a folder of checkpoints (``readers.discover`` finds them by their bytes).
+        dst: the output folder; each checkpoint is written to its relative path there.
+        settings: ``FolderOptions``: normalize options, format, workers, ``part``, ``dry_run``.
+        progress: a ``Progress`` callback (files and bytes).
+
+    Returns:
+        A ``FolderReport``: every file's outcome (``Status``), its exit code (1 if any
+        failed; the others are done).
+
+    Raises:
+        InputError: ``src`` is no folder of checkpoints.
+        OutputError, OptionError: ``dst`` is unusable (inside ``src``, names a file).
+    """
     settings = settings or FolderOptions()
     src_dir, dst_dir = Path(src), Path(dst)
     start = time.monotonic()
