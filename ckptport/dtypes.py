@@ -60,7 +60,8 @@ class DType:
     def to_torch(self) -> torch.dtype:
         import torch
 
-        return getattr(torch, self.name)
+        made: torch.dtype = getattr(torch, self.name)
+        return made
 
     def to_numpy(self) -> np.dtype[Any]:
         """The numpy dtype of the same width and meaning; raw bytes where numpy has none."""

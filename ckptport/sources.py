@@ -169,7 +169,7 @@ class MemorySource(SourceFile):
 
                 self._mapped = torch.frombuffer(bytearray(self.data), dtype=torch.uint8
                                                 ).untyped_storage() if self.data else \
-                    torch.UntypedStorage(0)
+                    torch.UntypedStorage(0)  # type: ignore[no-untyped-call]
             return self._mapped
 
 
