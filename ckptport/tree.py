@@ -30,7 +30,7 @@ __all__ = [
     "GlobalRef", "Backref",
     "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
     "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
-    "KEY_RULES", "CKPTPORT_KEYS", "type_name",
+    "KEY_RULES", "CKPTPORT_KEYS", "type_name", "state_dicts", "replace_state_dicts",
 ]
 
 KeyPath = tuple[Any, ...]
@@ -281,3 +281,31 @@ def is_state_dict(value: Any) -> bool:
             return False
         has_tensor = has_tensor or is_tensor(item)
     return has_tensor
+
+
+def state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
+    """Every state dict the key rules act on, through dicts and lists (``--select all`` may
+    hold several: a model's and an EMA's)."""
+    if is_state_dict(node):
+        return [(path, node)]
+    found = []
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            found += state_dicts(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += state_dicts(value, (*path, index))
+    return found
+
+
+def replace_state_dicts(node: Any, edit: Callable[[KeyPath, Mapping[str, Any]], Any],
+                        path: KeyPath = ()) -> Any:
+    """``node`` rebuilt with ``edit(path, state_dict)`` in place of each of ``state_dicts``."""
+    if is_state_dict(node):
+        return edit(path, node)
+    if isinstance(node, Mapping):
+        return rebuild_dict(node, [(k, replace_state_dicts(v, edit, (*path, k)))
+                                   for k, v in node.items()])
+    if isinstance(node, list):
+        return [replace_state_dicts(v, edit, (*path, i)) for i, v in enumerate(node)]
+    return node

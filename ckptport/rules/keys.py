@@ -41,7 +41,13 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..errors import RuleError
-from ..tree import KeyPath, format_path, is_state_dict, rebuild_dict
+from ..tree import (
+    KeyPath,
+    format_path,
+    rebuild_dict,
+    replace_state_dicts,
+    state_dicts,
+)
 from .base import Change, RuleResult
 
 __all__ = ["Subtree", "KeepDrop", "Rename", "Recipe", "Step", "load_recipe", "recipe_of",
@@ -55,34 +61,8 @@ MAX_RECIPE_BYTES = 1 << 20
 KeyMap = Callable[[str], "str | None"]  # new name of a key, or None to drop it
 
 
-def _state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
-    """Every state dict in the tree (``--select all`` may hold several)."""
-    if is_state_dict(node):
-        return [(path, node)]
-    found = []
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            found += _state_dicts(value, (*path, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            found += _state_dicts(value, (*path, index))
-    return found
-
-
-def _replace_states(node: Any, edit: Callable[[KeyPath, Mapping[str, Any]], Any],
-                    path: KeyPath = ()) -> Any:
-    if is_state_dict(node):
-        return edit(path, node)
-    if isinstance(node, Mapping):
-        return rebuild_dict(node, [(k, _replace_states(v, edit, (*path, k)))
-                                   for k, v in node.items()])
-    if isinstance(node, list):
-        return [_replace_states(v, edit, (*path, i)) for i, v in enumerate(node)]
-    return node
-
-
 def _all_keys(checkpoint: Checkpoint) -> list[str]:
-    return [key for _, state in _state_dicts(checkpoint.tree) for key in state]
+    return [key for _, state in state_dicts(checkpoint.tree) for key in state]
 
 
 def _top_prefixes(keys: Sequence[str], limit: int = 8) -> str:
@@ -124,7 +104,7 @@ def _apply(checkpoint: Checkpoint, rule: str, key_map: KeyMap, module_map: KeyMa
             mapped._metadata = _versions(versions, module_map)  # type: ignore[attr-defined]
         return mapped
 
-    tree = _replace_states(checkpoint.tree, edit)
+    tree = replace_state_dicts(checkpoint.tree, edit)
     renamed = sum(1 for c in changes if c.action == "renamed")
     return checkpoint.with_tree(tree), RuleResult(
         rule, tuple(changes), summary(renamed, len(changes) - renamed), dict(details or {}))

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..errors import RuleError
-from ..tree import KeyPath, format_path, is_state_dict, rebuild_dict
+from ..tree import KeyPath, format_path, rebuild_dict, replace_state_dicts, state_dicts
 from .base import Change, RuleResult
 
 __all__ = ["StripPrefixes", "strip_key", "WRAPPER_NAMES", "DATA_PARALLEL_PREFIX",
@@ -74,19 +74,6 @@ def common_prefixes(keys: list[str], limit: int = 5) -> list[str]:
     return [prefix for prefix, _ in counts.most_common(limit)]
 
 
-def _state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
-    if is_state_dict(node):
-        return [(path, node)]
-    found = []
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            found += _state_dicts(value, (*path, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            found += _state_dicts(value, (*path, index))
-    return found
-
-
 @dataclass(frozen=True)
 class StripPrefixes:
     """Default wrapper stripping (off with ``--keep-prefixes``) plus ``--strip-prefix``."""
@@ -99,7 +86,9 @@ class StripPrefixes:
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
         extra = self._prefixes(checkpoint)
         changes: list[Change] = []
-        tree = self._walk(checkpoint, checkpoint.tree, (), changes, extra)
+        tree = replace_state_dicts(
+            checkpoint.tree, lambda path, state: self._strip(checkpoint, state, path, changes,
+                                                            extra))
         found = sorted({name for c in changes for name in _wrappers_in(c.before or "", extra)})
         summary = f"renamed {len(changes)} keys" if changes else "no wrapper prefixes"
         if AUTO in self.extra:
@@ -113,7 +102,7 @@ class StripPrefixes:
 
     def _prefixes(self, checkpoint: Checkpoint) -> tuple[str, ...]:
         """The extra prefixes, ``auto`` resolved; each must match some key."""
-        states = _state_dicts(checkpoint.tree)
+        states = state_dicts(checkpoint.tree)
         keys = [strip_key(k, (), self.wrappers) or k for _, s in states for k in s]
         prefixes = [normalize_prefix(p) for p in self.extra]
         resolved: list[str] = []
@@ -130,18 +119,6 @@ class StripPrefixes:
                                 checkpoint.source.path)
             resolved.append(prefix)
         return tuple(resolved)
-
-    def _walk(self, checkpoint: Checkpoint, node: Any, path: KeyPath,
-              changes: list[Change], extra: tuple[str, ...]) -> Any:
-        if is_state_dict(node):
-            return self._strip(checkpoint, node, path, changes, extra)
-        if isinstance(node, Mapping):
-            return rebuild_dict(node, [(k, self._walk(checkpoint, v, (*path, k), changes, extra))
-                                       for k, v in node.items()])
-        if isinstance(node, list):
-            return [self._walk(checkpoint, v, (*path, i), changes, extra)
-                    for i, v in enumerate(node)]
-        return node
 
     def _strip(self, checkpoint: Checkpoint, state: Mapping[str, Any], path: KeyPath,
                changes: list[Change], extra: tuple[str, ...]) -> Any:
