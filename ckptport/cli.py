@@ -116,7 +116,7 @@ class _Location(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
                 ) -> Any:
-        from .remote.urls import location
+        from .remote import location
 
         return location(value)
 

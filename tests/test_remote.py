@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ckptport.remote import meter
-from ckptport.remote.urls import RemotePath, location, parse_url
+from ckptport.remote import location, meter
+from ckptport.remote.urls import parse_url
 from fixtures.servers import HubRepo, ObjectServer
 
 TOKEN = "hf_secrettoken123"
@@ -221,7 +221,7 @@ def test_hub_without_token_is_one_line(hub, run, monkeypatch):
 ])
 def test_http_faults(server, run, tmp_path, monkeypatch, fault, count, message):
     """Transient faults are retried to success; persistent ones are one line, exit 2."""
-    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    monkeypatch.setattr("ckptport.remote.fetching.BACKOFF", 0.01)
     if fault == "stall":  # the answer comes later than the client waits: timed out, retried
         monkeypatch.setattr("ckptport.remote.http.TIMEOUT", 0.5)
     server.reset()
@@ -243,7 +243,7 @@ def test_object_changed_mid_read(server, run, tmp_path):
     """The object is rewritten after the first request: the pinned ETag no longer matches."""
     server.reset()
     server.objects["/moving.pth"] = server.objects["/model.pth"].read_bytes()  # type: ignore[union-attr]
-    target = RemotePath(parse_url(server.url + "/moving.pth"))
+    target = location(server.url + "/moving.pth")
     file = target.opened()
     server.objects["/moving.pth"] = b"x" + server.objects["/moving.pth"]  # type: ignore[operator]
     with pytest.raises(Exception, match="changed while it was read"):
@@ -265,7 +265,7 @@ def test_object_changed_mid_read(server, run, tmp_path):
     ("{server}/", "names a folder"),
 ])
 def test_bad_urls_are_one_line(server, run, tmp_path, monkeypatch, url, message):
-    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    monkeypatch.setattr("ckptport.remote.fetching.BACKOFF", 0.01)
     given = url.format(server=server.url)
     for args in (("inspect", given), ("normalize", given, tmp_path / "o.pth")):
         result = run(*args)
@@ -275,7 +275,7 @@ def test_bad_urls_are_one_line(server, run, tmp_path, monkeypatch, url, message)
 
 
 def test_credentials_never_printed(server, run, monkeypatch):
-    monkeypatch.setattr("ckptport.remote.objects.BACKOFF", 0.01)
+    monkeypatch.setattr("ckptport.remote.fetching.BACKOFF", 0.01)
     port = server.url.rsplit(":", 1)[1]
     url = f"http://user:hunter2@127.0.0.1:{port}/missing.pth?X-Amz-Signature=topsecret"
     result = run("inspect", url)
@@ -299,7 +299,7 @@ def test_remote_malicious_pickle_is_refused(server, run, tmp_path, sentinel):
 def test_s3_changed_object_and_folder(s3, local, run):
     import boto3
 
-    path = RemotePath(parse_url("s3://ckpts/run/model.pth"))
+    path = location("s3://ckpts/run/model.pth")
     file = path.opened()
     boto3.client("s3").put_object(Bucket="ckpts", Key="run/model.pth", Body=b"rewritten")
     try:

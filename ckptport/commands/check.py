@@ -460,7 +460,7 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
     from ..readers.discover import discover
-    from ..remote.urls import location
+    from ..remote import location
 
     found: list[Any] = []  # Path, or RemotePath
     skipped: list[Skipped] = []

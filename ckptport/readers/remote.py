@@ -16,6 +16,7 @@ from ..containers.shard_index import MAX_INDEX_BYTES, parse_index
 from ..containers.sniff import sniff
 from ..errors import InputError
 from ..remote import RemotePath, target
+from ..sources import SourceFile
 from .base import Source, SourceKind
 
 __all__ = ["resolve_url"]
@@ -26,7 +27,7 @@ def resolve_url(path: RemotePath) -> Source:
 
     remote = target(path)
     named = cast(Path, remote)
-    file = remote.opened()
+    file = cast(SourceFile, remote.opened())  # a RemoteFile: a SourceFile
     if remote.name.endswith(".index.json"):
         if file.size > MAX_INDEX_BYTES:
             raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", remote)

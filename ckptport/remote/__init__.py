@@ -16,14 +16,28 @@ boto3 load when a URL is opened.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from ..errors import InputError
-from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, location, parse_url, redact
+from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, redact
 
 __all__ = ["RemotePath", "RemoteURL", "is_remote", "location", "parse_url", "redact", "target"]
 
 _HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
+    """A local ``Path``, or a ``RemotePath`` for a URL: the one place paths are told apart."""
+    if isinstance(raw, (Path, RemotePath)):
+        return raw
+    text = os.fspath(raw)
+    if not is_remote(text):
+        return Path(text)
+    from .objects import open_remote
+
+    return RemotePath(parse_url(text), opener=open_remote)
 
 
 def target(path: RemotePath) -> RemotePath:
@@ -57,4 +71,4 @@ def target(path: RemotePath) -> RemotePath:
     if not chosen:
         raise InputError("is a repository folder with no checkpoint in it (no *.index.json "
                          f"shard index, no {' or '.join(_HUB_WEIGHTS)})", path)
-    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins)
+    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins, path.opener)

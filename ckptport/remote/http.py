@@ -28,7 +28,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from ..errors import InputError
 from . import meter
-from .objects import NotFound, Transient, retrying
+from .fetching import NotFound, Transient, retrying
 from .urls import RemotePath
 
 __all__ = ["HttpObject", "open_http"]

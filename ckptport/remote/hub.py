@@ -18,8 +18,8 @@ import os
 from typing import Any
 
 from ..errors import InputError
+from .fetching import NotFound, missing_extra
 from .http import HttpObject
-from .objects import NotFound, missing_extra
 from .urls import RemotePath, redact
 
 __all__ = ["open_hub", "repo_files"]

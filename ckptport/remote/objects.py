@@ -27,17 +27,15 @@ from __future__ import annotations
 import bisect
 import io
 import os
-import random
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..sources import SourceFile
+from .fetching import ATTEMPTS, Backend, NotFound, Transient, missing_extra, retrying
 from .urls import KEEP_FETCHED
 
 if TYPE_CHECKING:
@@ -46,60 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "open_remote",
            "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
 
-ATTEMPTS = int(os.environ.get("CKPTPORT_REMOTE_ATTEMPTS", "5"))  # per range, first try included
-BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
-MAX_BACKOFF = 8.0
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
 SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
-
-T = TypeVar("T")
-
-
-class Transient(Exception):
-    """A fault worth retrying: a timeout, a dropped connection, 429, 5xx."""
-
-    def __init__(self, message: str, wait: float | None = None) -> None:
-        super().__init__(message)
-        self.wait = wait  # the server's Retry-After, when it gave one
-
-
-class NotFound(InputError):
-    """The object does not exist (404, NoSuchKey): a hub repository root tries the next name."""
-
-
-def missing_extra(scheme: str) -> InputError:
-    return InputError(f"reading {scheme}:// sources needs the remote extra: "
-                      "pip install 'ckptport[remote]'")
-
-
-def retrying(fetch: Callable[[], T], where: RemotePath) -> T:
-    """``fetch()``, tried up to ``ATTEMPTS`` times while it fails transiently."""
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            return fetch()
-        except Transient as exc:  # noqa: PERF203 - the retry loop is the point
-            if attempt == ATTEMPTS:
-                raise InputError(f"{exc} (gave up after {ATTEMPTS} attempts)", where) from None
-            delay = exc.wait if exc.wait is not None else BACKOFF * 2 ** (attempt - 1)
-            time.sleep(min(MAX_BACKOFF, delay) * (1 + random.random() / 4))
-    raise AssertionError("unreachable")
-
-
-class Backend(Protocol):
-    """One remote object at one pinned version."""
-
-    size: int
-    version: str  # the pinned ETag / version id / commit, compared by ``changed``
-
-    def fetch_into(self, offset: int, buffer: memoryview) -> None:
-        """Fill ``buffer`` from ``offset`` of the pinned version (retried; errors named)."""
-
-    def current_version(self) -> str | None:
-        """The version the server holds now (one small request); None when it is gone."""
-
-    def close(self) -> None: ...
-
 
 def open_remote(path: RemotePath) -> RemoteFile:
     """Open ``path``: one request pins the object's version and size."""
@@ -133,6 +80,10 @@ class RemoteFile(SourceFile):
         self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
+
+    def stream(self) -> RemoteStream:
+        """The object as a read-only binary stream (``sha256_files`` hashes it so)."""
+        return RemoteStream(self)
 
     def _bounds(self, offset: int, n: int) -> None:
         if offset < 0 or offset + n > self.size:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import meter
-from .objects import ATTEMPTS, NotFound, Transient, missing_extra, retrying
+from .fetching import ATTEMPTS, NotFound, Transient, missing_extra, retrying
 from .urls import RemotePath, redact
 
 __all__ = ["open_s3", "S3Object"]

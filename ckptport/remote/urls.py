@@ -15,22 +15,29 @@ path the CLI is given, and start-up must not pay for the network clients.
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import InputError
 
-if TYPE_CHECKING:
-    from .objects import RemoteFile
+__all__ = ["RemoteURL", "RemotePath", "Opened", "is_remote", "parse_url", "redact", "SCHEMES"]
 
-__all__ = ["RemoteURL", "RemotePath", "location", "is_remote", "parse_url", "redact",
-           "SCHEMES"]
+
+class Opened(Protocol):
+    """What opening a remote location gives (``remote.objects.RemoteFile``)."""
+
+    size: int
+    version: str
+
+    def read(self, offset: int, n: int) -> bytes: ...
+
+    def stream(self) -> Any: ...
 
 SCHEMES = ("http", "https", "hf", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -41,14 +48,6 @@ KEEP_FETCHED = "keep fetched bytes"  # in ``pins``: the command reads these obje
 def is_remote(raw: object) -> bool:
     """Whether ``raw`` is spelled as a URL (``scheme://``), remote or not supported."""
     return isinstance(raw, RemotePath) or (isinstance(raw, str) and bool(_URL.match(raw)))
-
-
-def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
-    """A local ``Path``, or a ``RemotePath`` for a URL: the one place paths are told apart."""
-    if isinstance(raw, (Path, RemotePath)):
-        return raw
-    text = os.fspath(raw)
-    return RemotePath(parse_url(text)) if is_remote(text) else Path(text)
 
 
 @dataclass(frozen=True)
@@ -159,13 +158,15 @@ class RemoteStat:
 class RemotePath:
     """A remote object's location, usable where the commands hold a source ``Path``."""
 
-    def __init__(self, url: RemoteURL, pins: dict[Any, Any] | None = None) -> None:
+    def __init__(self, url: RemoteURL, pins: dict[Any, Any] | None = None,
+                 opener: Callable[[RemotePath], Opened] | None = None) -> None:
         self.url = url
+        self.opener = opener  # how the object is opened (``remote.objects.open_remote``)
         # what the first request pinned (a hub revision's commit), shared with the
         # objects next to it (the shards an index names), so they are read at one commit
         self.pins: dict[Any, Any] = {} if pins is None else pins
         self._lock = threading.Lock()
-        self._file: RemoteFile | None = None
+        self._file: Opened | None = None
 
     def __str__(self) -> str:
         return self.url.redacted()
@@ -194,10 +195,10 @@ class RemotePath:
 
     @property
     def parent(self) -> RemotePath:
-        return RemotePath(self.url.child(""), self.pins)
+        return RemotePath(self.url.child(""), self.pins, self.opener)
 
     def __truediv__(self, name: str) -> RemotePath:
-        return RemotePath(self.url.child(name), self.pins)
+        return RemotePath(self.url.child(name), self.pins, self.opener)
 
     def is_dir(self) -> bool:
         return False  # folder mode is local; a remote folder is refused where it is opened
@@ -205,13 +206,13 @@ class RemotePath:
     def is_symlink(self) -> bool:
         return False
 
-    def opened(self) -> RemoteFile:
+    def opened(self) -> Opened:
         """The object, opened (and its version pinned) on first use, then the same one."""
         with self._lock:
             if self._file is None:
-                from .objects import open_remote
-
-                self._file = open_remote(self)
+                if self.opener is None:
+                    raise InputError("a remote location made without a way to open it", self)
+                self._file = self.opener(self)
             return self._file
 
     def stat(self) -> RemoteStat:
@@ -228,9 +229,7 @@ class RemotePath:
         """A read-only binary stream over the pinned object (``sha256_files`` hashes it)."""
         if mode != "rb":
             raise InputError("remote sources are read-only", self)
-        from .objects import RemoteStream
-
-        return RemoteStream(self.opened())
+        return self.opened().stream()
 
     def read_bytes(self) -> bytes:
         file = self.opened()

@@ -19,7 +19,8 @@ from ...checkpoint import Format, SourceFacts
 from ...errors import InputError, OutputError, RuleError
 from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
-from ...remote.urls import is_remote, location
+from ...remote import location
+from ...remote.urls import is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
 from ...sources import read_more_than_once
