@@ -1,4 +1,4 @@
-"""The import contract the README's Architecture section promises, read from the source.
+"""The import contract docs/architecture.md promises, read from the source.
 
 Every module of ``ckptport/`` is parsed with ``ast`` (no import runs); its
 imports of ckptport modules, at any depth (function-level and
@@ -14,7 +14,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-# Bottom to top. Adjust here when a room is added or moves (and say so in the README).
+# Bottom to top. Adjust here when a room is added or moves (and say so in docs/architecture.md).
 LAYERS: list[frozenset[str]] = [
     frozenset({"tree", "escape", "sealed", "progress", "parallel", "_version"}),
     frozenset({"dtypes", "errors"}),

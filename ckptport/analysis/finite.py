@@ -5,7 +5,7 @@ formats, which numpy does not know, are tested on their bit patterns (an
 all-ones exponent for bfloat16 and e5m2; the NaN codes of e4m3fn, the
 ``fnuz`` formats and e8m0). By default only the weights ``--select`` picks
 are checked, so a Lightning callback's ``kth_value=inf`` is not a finding;
-``--finite=all`` checks every tensor.
+``--finite-all`` checks every tensor.
 """
 
 from __future__ import annotations

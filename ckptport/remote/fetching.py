@@ -41,8 +41,9 @@ class NotFound(InputError):
 
 
 def missing_extra(scheme: str) -> InputError:
-    return InputError(f"reading {scheme}:// sources needs the remote extra: "
-                      "pip install 'ckptport[remote]'")
+    return InputError(f"reading {scheme}:// sources needs ckptport's remote extra "
+                      "(huggingface_hub, boto3): pip install 'ckptport[remote]', or '.[remote]' "
+                      "in a clone")
 
 
 def retrying(fetch: Callable[[], T], where: RemotePath) -> T:

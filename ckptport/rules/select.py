@@ -92,7 +92,7 @@ class Select:
                 raise SelectionError(
                     "--ema: the file holds no EMA weights (looked for "
                     f"{', '.join(TIMM_EMA_NAMES)} and mmengine's {MMENGINE_EMA_ORIGINALS}); "
-                    f"it holds: {_listing(tree)}. Use --ema=prefer to fall back to the "
+                    f"it holds: {_listing(tree)}. Use --prefer-ema to fall back to the "
                     "weights", checkpoint.source.path)
         if isinstance(tree, Mapping):
             for name in KNOWN_NAMES:
