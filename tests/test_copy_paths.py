@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from ckptport import normalize_file
-from ckptport.errors import InputError
+from ckptport.errors import InputError, OutputError
 from ckptport.readers import open_checkpoint
 from ckptport.rules import NormalizeOptions, apply_rules
 from ckptport.sources import open_source
@@ -158,3 +158,78 @@ def test_kernel_copy_refused_falls_back_to_writing(tmp_path, monkeypatch):
     finally:
         source.close()
     assert Path(tmp_path / "out.bin").read_bytes() == b""
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors read in pieces of 256 bytes, so the fixtures' tensors span many pieces: the
+    first is copied in line, the rest behind, on a thread, while the zip CRC reads them."""
+    from ckptport import tensors
+
+    monkeypatch.setattr(tensors.chunks, "__defaults__", (256,))
+
+
+@pytest.mark.parametrize("name", ["ddp_cuda3", "tied", "protocol4", "ddp_cuda3_legacy"])
+def test_copies_behind_the_crc_give_the_plain_bytes(fx, tmp_path, monkeypatch, small_pieces,
+                                                    name):
+    copied, plain = tmp_path / "copied.pth", tmp_path / "plain.pth"
+    with monkeypatch.context() as patch:
+        calls = _count_kernel_copies(patch)
+        threads = []
+        start = threading.Thread.start
+
+        def counted_start(thread: threading.Thread) -> None:
+            threads.append(thread.name)
+            start(thread)
+
+        patch.setattr(threading.Thread, "start", counted_start)
+        normalize_file(fx[name], copied)
+    assert "ckptport-copy" in threads and sum(calls) > 0
+    with monkeypatch.context() as patch:
+        _refuse_kernel_copies(patch)
+        normalize_file(fx[name], plain)
+    assert copied.read_bytes() == plain.read_bytes()
+    with zipfile.ZipFile(copied) as archive:
+        assert archive.testzip() is None  # every CRC matches the bytes the kernel copied
+
+
+def test_a_copy_behind_the_kernel_declines_is_written_instead(fx, tmp_path, monkeypatch,
+                                                              small_pieces):
+    """The kernel copied a tensor's first piece, then declined the rest (another
+    filesystem's limits): the rest is written from the source, the same bytes."""
+    real, calls = os.copy_file_range, []
+
+    def first_only(*args: int) -> int:
+        calls.append(args)
+        if len(calls) > 1:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(*args)
+
+    copied, plain = tmp_path / "copied.pth", tmp_path / "plain.pth"
+    with monkeypatch.context() as patch:
+        patch.setattr(copy_module.os, "copy_file_range", first_only)
+        normalize_file(fx["ddp_cuda3"], copied)
+    with monkeypatch.context() as patch:
+        _refuse_kernel_copies(patch)
+        normalize_file(fx["ddp_cuda3"], plain)
+    assert len(calls) == 2  # one copied in line, one declined behind, then plain writes
+    assert copied.read_bytes() == plain.read_bytes()
+
+
+def test_a_copy_behind_that_fails_fails_the_write_and_leaves_nothing(fx, tmp_path,
+                                                                      monkeypatch, small_pieces):
+    """A real error of the copy on its thread (here EIO) reaches the caller: exit 2, no DST."""
+    real, calls = os.copy_file_range, []
+
+    def then_eio(*args: int) -> int:
+        calls.append(args)
+        if len(calls) > 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*args)
+
+    monkeypatch.setattr(copy_module.os, "copy_file_range", then_eio)
+    out = tmp_path / "o.pth"
+    with pytest.raises(OutputError) as caught:
+        normalize_file(fx["ddp_cuda3"], out)
+    assert "Input/output error" in str(caught.value)
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from concurrent.futures import Future
 from typing import BinaryIO
 
 from ..errors import InputError
@@ -43,10 +45,40 @@ class RangeCopier:
             return False
         self.file.flush()
         at = self.file.tell()
+        if not self._copy(source, offset, size, at):
+            return False
+        self.file.seek(at + size)
+        return True
+
+    def copy_behind(self, source: SourceFile, offset: int, size: int, at: int
+                    ) -> Future[bool]:
+        """Copy ``size`` bytes at ``offset`` of ``source`` to ``at`` of the output on a
+        thread, so the caller's own pass over the same bytes (the zip CRC) runs meanwhile.
+
+        The kernel copy and ``zlib.crc32`` both release the GIL: on two cores the copy
+        costs no wall time. The caller must not write to the file until the future is
+        done, and must already have copied one range here (so the kernel is known to
+        copy on this filesystem); a refusal after that is an error, not a fallback.
+        """
+        self.file.flush()
+        future: Future[bool] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._copy(source, offset, size, at))
+            except BaseException as exc:  # handed to the caller, who waits for it
+                future.set_exception(exc)
+
+        # a thread of its own, not a pool's: a pool made before a fork has no thread after it
+        threading.Thread(target=run, name="ckptport-copy", daemon=True).start()
+        return future
+
+    def _copy(self, source: SourceFile, offset: int, size: int, at: int) -> bool:
         done = 0
         while done < size:
             try:
-                n = os.copy_file_range(source.fd, self.fd, size - done, offset + done, at + done)
+                n = os.copy_file_range(source.fd, self.fd, size - done,  # type: ignore[arg-type]
+                                       offset + done, at + done)
             except OSError as exc:
                 if exc.errno not in _UNSUPPORTED or done:
                     raise
@@ -60,5 +92,5 @@ class RangeCopier:
                                  "were expected (truncated, or changed while it was read)",
                                  source.path)
             done += n
-        self.file.seek(at + size)
         return True
+
