@@ -193,21 +193,27 @@ def test_copies_behind_the_crc_give_the_plain_bytes(fx, tmp_path, monkeypatch, s
         assert archive.testzip() is None  # every CRC matches the bytes the kernel copied
 
 
+def _copy_once_then(monkeypatch: pytest.MonkeyPatch, error: OSError) -> list[tuple[int, ...]]:
+    """The kernel copies one range (a tensor's first piece), then raises ``error``."""
+    real, calls = os.copy_file_range, []
+
+    def once(*args: int) -> int:
+        calls.append(args)
+        if len(calls) > 1:
+            raise error
+        return real(*args)
+
+    monkeypatch.setattr(copy_module.os, "copy_file_range", once)
+    return calls
+
+
 def test_a_copy_behind_the_kernel_declines_is_written_instead(fx, tmp_path, monkeypatch,
                                                               small_pieces):
     """The kernel copied a tensor's first piece, then declined the rest (another
     filesystem's limits): the rest is written from the source, the same bytes."""
-    real, calls = os.copy_file_range, []
-
-    def first_only(*args: int) -> int:
-        calls.append(args)
-        if len(calls) > 1:
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return real(*args)
-
     copied, plain = tmp_path / "copied.pth", tmp_path / "plain.pth"
     with monkeypatch.context() as patch:
-        patch.setattr(copy_module.os, "copy_file_range", first_only)
+        calls = _copy_once_then(patch, OSError(errno.EXDEV, "Invalid cross-device link"))
         normalize_file(fx["ddp_cuda3"], copied)
     with monkeypatch.context() as patch:
         _refuse_kernel_copies(patch)
@@ -219,15 +225,7 @@ def test_a_copy_behind_the_kernel_declines_is_written_instead(fx, tmp_path, monk
 def test_a_copy_behind_that_fails_fails_the_write_and_leaves_nothing(fx, tmp_path,
                                                                       monkeypatch, small_pieces):
     """A real error of the copy on its thread (here EIO) reaches the caller: exit 2, no DST."""
-    real, calls = os.copy_file_range, []
-
-    def then_eio(*args: int) -> int:
-        calls.append(args)
-        if len(calls) > 1:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(*args)
-
-    monkeypatch.setattr(copy_module.os, "copy_file_range", then_eio)
+    _copy_once_then(monkeypatch, OSError(errno.EIO, "Input/output error"))
     out = tmp_path / "o.pth"
     with pytest.raises(OutputError) as caught:
         normalize_file(fx["ddp_cuda3"], out)
