@@ -399,6 +399,17 @@ def test_dst_is_local(server, run, tmp_path):
     assert not Path("s3:").exists()
 
 
+def test_trust_reads_a_remote_object_as_a_local_file(server, local, run, tmp_path):
+    """``--trust`` (torch.load, which opens paths only) reads the object into memory."""
+    remote, here = tmp_path / "remote.pth", tmp_path / "here.pth"
+    assert run("normalize", server.url + "/model.pth", remote, "--trust", "-q").exit_code == 0
+    assert run("normalize", local["pth"], here, "--trust", "-q").exit_code == 0
+    assert remote.read_bytes() == here.read_bytes()
+    loaded = torch.load(remote, weights_only=True)
+    assert loaded.keys() == _state(0).keys()  # the weights selected, as from a local file
+    assert all(torch.equal(loaded[k], v) for k, v in _state(0).items())
+
+
 def test_python_api_reads_remote(server, local):
     import ckptport
 

@@ -157,7 +157,7 @@ class LegacyReader:
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         if options.trust:
-            return load_trusted(source.main, self.format)
+            return load_trusted(source, self.format)
         assert source.file is not None
         try:
             unpickled, pickles = _Layout(source.file, options).load()

@@ -99,7 +99,7 @@ class TorchZipReader:
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         if options.trust:
-            return load_trusted(source.main, self.format)
+            return load_trusted(source, self.format)
         zipped = archive(source)
         unpickled = unpickle_archive(zipped, options)
         return Checkpoint(unpickled.value, pickle_facts(
@@ -119,7 +119,7 @@ class TorchScriptReader:
         zipped = archive(source)
         if options.trust:
             recorded = self.recorded(zipped)
-            return load_torchscript(source.main, recorded)
+            return load_torchscript(source, recorded)
         if not options.lenient:
             raise CodeArchiveError(TORCHSCRIPT_REFUSAL, source.main)
         unpickled = unpickle_archive(zipped, ReadOptions(lenient=True))

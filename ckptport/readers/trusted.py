@@ -9,6 +9,7 @@ the device the file recorded is counted for the report.
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, iter_tensors, shared_storages
 from ..errors import InputError
+from .base import Source
 
 __all__ = ["load_trusted", "load_torchscript", "cause"]
 
@@ -32,9 +34,21 @@ def cause(error: BaseException) -> str:
     return (meaningful or lines)[-1 if len(lines) > 1 else 0]
 
 
-def load_trusted(path: Path, fmt: Format) -> Checkpoint:
+def _opened(source: Source) -> tuple[Path | io.BytesIO, int]:
+    """What torch opens, and its size: a local file by its path; a remote object (which
+    torch cannot open) read whole into memory, as ``torch.load`` of a download would."""
+    if isinstance(source.main, Path):
+        return source.main, source.main.stat().st_size
+    assert source.file is not None
+    return io.BytesIO(source.file.read(0, source.file.size)), source.file.size
+
+
+def load_trusted(source: Source, fmt: Format) -> Checkpoint:
     """``torch.load(weights_only=False)`` of a file the user vouched for (``--trust``)."""
     import torch
+
+    path = source.main
+    opened, size = _opened(source)
 
     locations: Counter[str] = Counter()
 
@@ -45,29 +59,32 @@ def load_trusted(path: Path, fmt: Format) -> Checkpoint:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tree = torch.load(path, map_location=to_cpu, weights_only=False,  # --trust
-                              mmap=fmt is Format.TORCH_ZIP)
+            tree = torch.load(opened, map_location=to_cpu, weights_only=False,  # --trust
+                              mmap=fmt is Format.TORCH_ZIP and isinstance(opened, Path))
     except Exception as exc:  # the file's own code may fail in any way
         raise InputError(f"cannot load with --trust: {cause(exc)}", path) from exc
     return Checkpoint(tree, SourceFacts(
-        path=path, format=fmt, size=path.stat().st_size,
+        path=path, format=fmt, size=size,
         storage_locations=dict(sorted(locations.items())),
         shared_storages=shared_storages(tree), trusted=True))
 
 
-def load_torchscript(path: Path, recorded: dict[str, int]) -> Checkpoint:
+def load_torchscript(source: Source, recorded: dict[str, int]) -> Checkpoint:
     """Parameters and buffers of a TorchScript module; only ever with ``--trust``."""
     import torch
 
+    path = source.main
+    opened, size = _opened(source)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's own deprecation notice
-            module = torch.jit.load(str(path), map_location="cpu")  # --trust: user vouched
+            module = torch.jit.load(  # --trust: user vouched
+                str(opened) if isinstance(opened, Path) else opened, map_location="cpu")
     except Exception as exc:  # torch reports broken archives with many exception types
         raise InputError(f"cannot load the TorchScript archive: {cause(exc)}", path) from exc
     tree = module.state_dict()
     count = sum(1 for _ in iter_tensors(tree))
     return Checkpoint(tree, SourceFacts(
-        path=path, format=Format.TORCHSCRIPT, size=path.stat().st_size,
+        path=path, format=Format.TORCHSCRIPT, size=size,
         storage_locations=recorded or ({"cpu": count} if count else {}),
         shared_storages=shared_storages(tree), trusted=True))
