@@ -339,6 +339,46 @@ def test_short_flat_group_and_lying_numels(dist, run, tmp_path, config, shape, w
     _refused(run, folder, tmp_path / "out.safetensors", words)
 
 
+@pytest.mark.parametrize(("config", "kind", "forge", "words"), [
+    # a world size of 10**12 from a 1 KB field: refused at once, no walk over the ranks
+    ("s2_fp32", "optim", lambda state: state["optimizer_state_dict"].update(
+        partition_count=[10**12]), "the optimizer states 1000000000000"),
+    ("s2_fp32", "optim", lambda state: state["optimizer_state_dict"].update(
+        partition_count=[1, "a"]), "partition_count"),
+    ("s0_bf16", "model", lambda state: state.update(buffer_names=[["x"]]), "buffer_names"),
+])
+def test_forged_fields_are_one_line(dist, run, tmp_path, config, kind, forge, words):
+    """Fields the files carry are types and sizes ckptport checks, never trusts."""
+    folder = _copy(dist / "ds" / "ws2" / config, tmp_path / "ds")
+    path = sorted((folder / "global_step2").glob(f"*{kind}_states.pt"))[0]
+    state = torch.load(path, weights_only=False)
+    forge(state)
+    torch.save(state, path)
+    _refused(run, folder, tmp_path / "out.safetensors", words)
+    result = run("check", folder)  # a report: the file is unreadable, not a crash
+    assert result.exit_code in (1, 2) and "Traceback" not in result.stderr, result.stderr
+
+
+def test_missing_ranks_never_walks_a_forged_world_size():
+    from ckptport.readers.layouts import missing_ranks
+
+    assert missing_ranks({0: "a", 1: "b"}, 2) is None
+    assert missing_ranks({0: "a", 1: "b", 5: "stale"}, 2) is None
+    assert missing_ranks({0: "a", 2: "c"}, 10**15) == (1, 10**15 - 2)  # at once
+    assert missing_ranks({}, 1) == (0, 1)
+
+
+def test_shared_params_naming_a_list_is_ignored_like_a_missing_name(dist, run, tmp_path):
+    folder = _copy(dist / "ds" / "ws2" / "s2_fp32", tmp_path / "ds")
+    for path in (folder / "global_step2").glob("*model_states.pt"):
+        state = torch.load(path, weights_only=False)
+        state["shared_params"]["forged"] = ["fc1.weight"]
+        torch.save(state, path)
+    got = _normalize(run, folder, tmp_path / "out.safetensors")
+    assert "forged" not in got
+    _same(got, _zero_to_fp32(dist / "ds" / "ws2" / "s2_fp32"))
+
+
 def test_latest_naming_a_missing_tag_or_outside(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws1" / "s2_bf16", tmp_path / "ds")
     for tag, words in (("global_step9", ("latest", "global_step9")),

@@ -23,6 +23,7 @@ from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
 from ..sources import SourceFile
 from ..unpickle import PickleRefused, Unpickled
+from .budget import largest
 
 if TYPE_CHECKING:
     from ..containers.shard_index import ShardIndex
@@ -132,5 +133,4 @@ def pickle_facts(path: Path, fmt: Format, size: int, tree: Any,
         metadata=metadata or {}, trusted=trusted, refused_globals=tuple(dangerous),
         files=files, spellings={k: v for k, v in names.items() if k != v},
         unproven=tuple(unproven), materialized=sum(u.materialized for u in pickles),
-        largest=tuple(sorted((item for u in pickles for item in u.largest),
-                             key=lambda item: -item[1])[:3]))
+        largest=largest(item for u in pickles for item in u.largest))

@@ -15,10 +15,12 @@ raises the ratio for a file the user knows to be fine.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from ..checkpoint import Checkpoint
 from ..errors import InputError, OptionError
 from ..tensors import human_bytes
+from ..unpickle.settle import LARGEST_SHOWN
 
 __all__ = ["DEFAULT_RATIO", "ALLOWANCE", "ENV", "budget", "ratio_of", "over_budget",
            "enforce"]
@@ -41,6 +43,11 @@ def ratio_of(max_expansion: float | None) -> float:
     if not max_expansion > 0:  # also refuses NaN
         raise OptionError(f"the maximum expansion must be a positive ratio, not {max_expansion}")
     return max_expansion
+
+
+def largest(items: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """The biggest tensors of several pickles or files, as one error names them."""
+    return tuple(sorted(items, key=lambda item: -item[1])[:LARGEST_SHOWN])
 
 
 def budget(size: int, ratio: float) -> int:

@@ -36,10 +36,10 @@ from ..checkpoint import Checkpoint, Format
 from ..dtypes import DTYPES
 from ..errors import InputError
 from ..tensors import CHUNK_BYTES, Pending, TensorInfo, chunks, view_key
-from ..tree import is_tensor
+from ..tree import is_tensor, rebuild_dict
 from .assembled import Run, assemble, flat_run
 from .base import ReadOptions, Source, SourceKind
-from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
+from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
 __all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "is_deepspeed", "FORMAT", "LATEST"]
 
@@ -139,10 +139,10 @@ class _Files:
 
     def ranks(self, kind: dict[int, Path], world: int, problems: list[str]) -> list[Path]:
         """The files of ranks ``0..world-1``; leftovers of a bigger earlier run are noted."""
-        missing = [r for r in range(world) if r not in kind]
+        missing = missing_ranks(kind, world)
         if missing:
             raise LayoutError(f"rank {missing[0]} of {world} is missing "
-                              f"({len(missing)} of {world} rank files absent); the checkpoint "
+                              f"({missing[1]} of {world} rank files absent); the checkpoint "
                               "was not saved by every rank, or was partly copied", self.folder)
         stale = sorted(r for r in kind if r >= world)
         if stale:
@@ -250,7 +250,8 @@ class DeepSpeedReader:
             optim0 = self.load_file(found.optim[0], options)
             osd = _get(optim0.tree, "optimizer_state_dict", found.optim[0], dict)
             count = osd.get("partition_count")
-            world = max(count) if isinstance(count, list) and count else count
+            ints = isinstance(count, list) and count and all(type(c) is int for c in count)
+            world = max(count) if ints else count
             if type(world) is not int or world < 1:
                 raise InputError("partition_count is not a world size", found.optim[0])
             dp = states.get("dp_world_size")
@@ -301,9 +302,13 @@ class DeepSpeedReader:
         """Stage 0: fp32 masters per parameter in the model states, matched to ``module``."""
         optimizer = states.get("optimizer")
         groups = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
-        buffers = set(_get(states, "buffer_names", path, list))
+        buffers = _get(states, "buffer_names", path, list)
+        if not all(isinstance(name, str) for name in buffers):
+            raise InputError("buffer_names is not a list of names", path)
+        buffers = set(buffers)
         if groups is None:
-            return OrderedDict(module), {"zero_stage": "0", "master_dtype": "module"}, (
+            return rebuild_dict(module, list(module.items())), {
+                "zero_stage": "0", "master_dtype": "module"}, (
                 "no fp32 master weights saved (stage 0 without bf16): the module's own "
                 "weights",)
         if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
@@ -407,7 +412,7 @@ def _zero(stage: int, world: int, models: list[Any], optims: list[dict[str, Any]
         paddings = optims[0].get("param_alignment_paddings")
         _zero12(tree, world, shapes, flats, paddings, optim_files, path0)
     for name, target in shared.items():
-        if target in tree:
+        if isinstance(target, str) and target in tree:
             tree[name] = tree[target]
     return tree, tuple(notes)
 

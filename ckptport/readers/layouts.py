@@ -11,12 +11,14 @@ its metadata, which ``check`` reports as CKP013.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import InputError
+from .budget import largest
 
-__all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem"]
+__all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem", "missing_ranks"]
 
 PROBLEMS = "layout.problems"
 
@@ -42,11 +44,25 @@ def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[
         unproven.update(dict.fromkeys(facts.unproven))
         spellings.update(facts.spellings)
         notes = (*notes, *(n for n in facts.notes if n not in notes))
-    return SourceFacts(path=path, format=fmt, size=sum(f.stat().st_size for f in files),
+    return SourceFacts(materialized=sum(p.source.materialized for p in parts),
+                       largest=largest(item for p in parts for item in p.source.largest),
+                       path=path, format=fmt, size=sum(f.stat().st_size for f in files),
                        storage_locations=dict(sorted(locations.items())),
                        globals=tuple(names), metadata=metadata, refused_globals=tuple(refused),
                        files=files, spellings=spellings, unproven=tuple(unproven),
                        notes=notes)
+
+
+def missing_ranks(ranks: Collection[int], world: int) -> tuple[int, int] | None:
+    """The first rank below ``world`` that has no file, and how many lack one; None if none.
+
+    ``world`` comes from the file (a partition count, a mesh): it is never walked, so a
+    forged 10**12 costs no more than the files there are.
+    """
+    present = sum(1 for rank in ranks if 0 <= rank < world)
+    if present == world:
+        return None
+    return next(rank for rank in range(world) if rank not in ranks), world - present
 
 
 def layout_problem(folder: Path, fmt: Format, files: tuple[Path, ...], framework: str,

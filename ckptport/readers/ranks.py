@@ -15,17 +15,18 @@ rank 0's.
 from __future__ import annotations
 
 import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, Format
 from ..tensors import view_key
+from ..tree import rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Run, assemble, box_runs
 from .base import ReadOptions, Source, SourceKind
-from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts
+from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
 __all__ = ["RankFilesReader", "rank_files", "one_rank", "FORMAT"]
 
@@ -85,11 +86,9 @@ def _at(tree: Any, path: tuple[Any, ...]) -> Any:
 def _replaced(tree: Any, values: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:
     if path in values:
         return values[path]
-    if isinstance(tree, dict):
-        made = OrderedDict() if isinstance(tree, OrderedDict) else {}
-        for key, value in tree.items():
-            made[key] = _replaced(value, values, (*path, key))
-        return made
+    if isinstance(tree, dict):  # a state dict keeps its kind and module versions
+        return rebuild_dict(tree, [(key, _replaced(value, values, (*path, key)))
+                                   for key, value in tree.items()])
     if isinstance(tree, list):
         return [_replaced(v, values, (*path, i)) for i, v in enumerate(tree)]
     if isinstance(tree, tuple):
@@ -132,9 +131,9 @@ class RankFilesReader:
         paths = _walk(first.tree)
         layouts = [_at(first.tree, p).layout for p in paths]
         world = max((lay.world for lay in layouts), default=1)
-        missing = [r for r in range(world) if r not in files]
+        missing = missing_ranks(files, world)
         if missing:
-            raise LayoutError(f"rank {missing[0]} of {world} is missing ({len(missing)} of "
+            raise LayoutError(f"rank {missing[0]} of {world} is missing ({missing[1]} of "
                               f"{world} rank files absent; the tensors are sharded over "
                               f"{world} ranks)", folder)
         stale = sorted(r for r in files if r >= world)

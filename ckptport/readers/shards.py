@@ -19,6 +19,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import InputError
 from .base import ReadOptions, Source, SourceKind
+from .budget import largest as biggest
 
 __all__ = ["ShardsReader"]
 
@@ -91,4 +92,4 @@ class ShardsReader:
             shared_storages=tuple(shared), trusted=options.trust, files=source.files,
             spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
             notes=tuple(notes), materialized=materialized,
-            largest=tuple(sorted(largest, key=lambda item: -item[1])[:3])))
+            largest=biggest(largest)))

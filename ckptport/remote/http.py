@@ -141,7 +141,7 @@ class HttpObject:
             raise InputError(f"changed while it was read: ETag {etag}, {self.etag} at the "
                              "first request", self.path)
         length = response.getheader("Content-Length")
-        if length is not None and int(length) != end - offset + 1:
+        if length is not None and (not length.isdigit() or int(length) != end - offset + 1):
             raise InputError(f"asked for {end - offset + 1} bytes, the server announces "
                              f"{length}", self.path)
 
