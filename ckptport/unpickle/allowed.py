@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
+from . import names, stdlib
 from .distributed_values import distributed_table
 from .numpy_values import numpy_table
 from .torch_values import torch_table
@@ -134,14 +135,26 @@ def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
     """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
     (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
     ckptport's inert stand-in of a class, never a real object, so the result is an
-    inert reference too: a stand-in named ``Class.NAME``. Anything else is refused."""
+    inert reference too: a stand-in named ``Class.NAME``.
+
+    One public attribute of a global the file names, and only one: a chain of them
+    (``PurePath._flavour.os.system``) or a private attribute walks from a harmless
+    class to anything, and a standard-library attribute beyond the data names is code,
+    as the dotted global would be. Those, and anything else, are refused. A package's
+    own attribute (``ShardedTensor.ProcessGroupState``) is that package's to answer
+    for: called, it is CKP012's tier like any of its callables.
+    """
     if default or not (isinstance(target, type) and issubclass(target, Recorded)
-                       and not target.dangerous and isinstance(name, str)
-                       and name.isidentifier() and not name.startswith("__")):
+                       and not target.dangerous and not target.attribute
+                       and isinstance(name, str) and name.isidentifier()
+                       and not name.startswith("_")):
         raise Refusal("the file calls builtins.getattr on something other than a recorded "
                       "class's plain attribute: full unpickling reaches anything that way")
-    return record_class(f"{target.record_name}.{name}", False, target.registry,
-                        target.lenient)
+    made = f"{target.record_name}.{name}"
+    if stdlib.is_stdlib(made) and names.is_code(made):  # others' attributes: CKP012's tier
+        raise Refusal(f"the file takes {made} with builtins.getattr, which can run code; "
+                      "nothing was run")
+    return record_class(made, False, target.registry, target.lenient, attribute=True)
 
 
 def _new(cls: Any, args: tuple[Any, ...]) -> Any:

@@ -145,6 +145,7 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
     """
 
     record_name: ClassVar[str] = ""
+    attribute: ClassVar[bool] = False  # taken by builtins.getattr from another stand-in
     called: bool  # instance fields set in __new__, beyond ObjectRecord's
     order: int
     dangerous: ClassVar[bool] = False
@@ -188,11 +189,15 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
 
 
 def record_class(name: str, dangerous: bool, registry: list[Recorded],
-                 lenient: bool = False) -> type[Recorded]:
-    """A fresh stand-in class for ``name``; its instances land in ``registry``."""
+                 lenient: bool = False, attribute: bool = False) -> type[Recorded]:
+    """A fresh stand-in class for ``name``; its instances land in ``registry``.
+
+    ``attribute``: the stand-in is an attribute a pickle took from a class's stand-in
+    (``builtins.getattr``), not a global the file names.
+    """
     short = name.rpartition(".")[2] or "Recorded"
     attrs = {"record_name": name, "dangerous": dangerous, "registry": registry,
-             "lenient": lenient, "__qualname__": short,
+             "lenient": lenient, "attribute": attribute, "__qualname__": short,
              "__module__": name.rpartition(".")[0] or "ckptport"}
     made: type[Recorded] = _ReadOnlyType(short, (Recorded,), attrs)  # type: ignore[assignment]
     return made

@@ -125,10 +125,21 @@ def test_getattr_on_an_inert_class_is_an_inert_reference(tmp_path, run):
     assert run("normalize", path, tmp_path / "y.pth").exit_code == 0
 
 
-@pytest.mark.parametrize("target", [text("os"), global_("os", "system"),
-                                    global_("builtins", "object")])
+def _getattr(target: bytes, name: str) -> bytes:
+    return call(global_("builtins", "getattr"), target, text(name))
+
+
+@pytest.mark.parametrize("target", [
+    text("os"), global_("os", "system"), global_("builtins", "object"),
+    # from a harmless data class to os.system by attributes: on Python 3.12+
+    # PurePath._flavour is os.path, whose .os is the os module
+    _getattr(_getattr(global_("pathlib", "PurePath"), "_flavour"), "os"),
+    _getattr(global_("pathlib", "PurePath"), "os"),  # a stdlib attribute beyond data
+    _getattr(global_("ultralytics.nn.modules.head", "Detect"), "forward"),  # a chain
+    global_("pathlib", "PurePath"),  # PurePath.system: a stdlib attribute beyond data
+])
 def test_getattr_on_anything_else_is_refused(tmp_path, sentinel, target):
-    reached = call(global_("builtins", "getattr"), target, text("system"))
+    reached = _getattr(target, "system")
     path = write_zip(tmp_path / "g.pt", PROTO2 + call(reached, text(f"touch {sentinel}"))
                      + STOP, ())
     with pytest.raises(ckptport.CkptportError):
