@@ -57,6 +57,13 @@ class CkptportError(Exception):
         self.spellings = MappingProxyType(dict(spellings))
         super().__init__(self.line())
 
+    def __copy__(self) -> CkptportError:
+        """A copy by fields: subclasses take other constructor arguments than ``args``."""
+        made = type(self).__new__(type(self))
+        made.__dict__.update(self.__dict__)
+        made.args = self.args
+        return made
+
     def at(self, path: str | os.PathLike[str]) -> CkptportError:
         """This error naming ``path``, if it named no file yet (a new error; this one
         stays as it was raised)."""

@@ -19,6 +19,7 @@ from numpy._core.multiarray import _reconstruct, scalar
 
 import ckptport
 from ckptport.analysis.manifests import load_manifest
+from ckptport.errors import InputError, OptionError, UnsafeCheckpointError
 from fixtures.hostile import LEGACY_MAGIC, call, global_, text
 
 
@@ -196,3 +197,17 @@ def test_the_cli_prints_before_importing_torch_or_the_commands():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("error", [
+    UnsafeCheckpointError(None, ("os.system",), "runs code"),
+    InputError("cut short"),
+    OptionError("no such option value"),
+])
+def test_every_error_can_name_a_file_and_globals_later(error):
+    """``at``/``naming`` copy the error whatever its constructor takes; it stays as raised."""
+    named = error.at("/data/x.pth")
+    assert type(named) is type(error) and named.path == "/data/x.pth"
+    assert named.line().startswith("/data/x.pth: ") and error.path is None
+    more = error.naming(("subprocess.Popen",), {})
+    assert "subprocess.Popen" in more.dangerous and "subprocess.Popen" not in error.dangerous
