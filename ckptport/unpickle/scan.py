@@ -23,6 +23,7 @@ from __future__ import annotations
 import pickletools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "nesting_depth",
            "executes_before"]
@@ -308,6 +309,9 @@ def _stack_effects() -> list[tuple[int, bool, int, bool]]:
 _STACK = _stack_effects()
 
 
+MAX_TEXT = 1 << 20  # of a text argument, what the sniff reads to judge it
+_NUMBER_TEXT = re.compile(rb"[0-9A-Za-z+\-._]*")  # what int(text, 0) and float() may take
+
 def executes_before(data: bytes, end: int) -> bool:
     """Whether the well-formed opcodes of ``data[:end]`` import or call anything.
 
@@ -335,6 +339,8 @@ def executes_before(data: bytes, end: int) -> bool:
         if op in _IMPORTING:  # imports only a module and name Python could import
             first = data.find(b"\n", pos + 1)
             second = data.find(b"\n", first + 1) if first >= 0 else -1
+            if second - pos > MAX_TEXT:  # no module has such a name: the import fails
+                return False
             return 0 <= second < end and all(
                 _DOTTED.fullmatch(part) for part in (data[pos + 1:first], data[first + 1:second]))
         kind = _KIND[op]
@@ -348,12 +354,30 @@ def executes_before(data: bytes, end: int) -> bool:
             pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
         elif kind == _NEWLINE:
             newline = data.find(b"\n", pos + 1)
-            if newline < 0 or not _valid_line(_NAMES[op], data[pos + 1:newline]):
+            if newline < 0 or not _valid_text(_NAMES[op], data, pos + 1, newline):
                 return False  # the unpickler stops here with an error
             pos = newline + 1
         else:
             return False
     return False
+
+
+def _valid_text(name: str, data: Any, start: int, newline: int) -> bool:
+    """``_valid_line`` of ``data[start:newline]``, holding at most ``MAX_TEXT`` of it.
+
+    A line can run through a whole file (a safetensors file whose header length begins
+    with ``I`` and whose tensors hold no newline byte): beyond ``MAX_TEXT`` only its
+    start is judged, and a start the unpickler could accept counts as accepted, so a
+    payload after it is still found.
+    """
+    if newline - start <= MAX_TEXT:
+        return _valid_line(name, data[start:newline])
+    head = bytes(data[start:start + MAX_TEXT])
+    if name in ("INT", "LONG", "GET", "PUT", "FLOAT"):
+        return _NUMBER_TEXT.fullmatch(head) is not None
+    if name == "STRING":
+        return head[:1] in (b"'", b'"')
+    return True
 
 
 def _valid_line(name: str, line: bytes) -> bool:

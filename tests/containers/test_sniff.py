@@ -1,0 +1,48 @@
+"""The container sniff judges what a file is from bounded reads, whatever its bytes."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import ckptport
+from ckptport import sources
+from ckptport.unpickle.scan import MAX_TEXT
+
+
+def _safetensors_starting_with(byte: int, path, megabytes: int = 3):
+    """A valid safetensors file whose header length's low byte is ``byte`` (``P``: a pickle
+    PERSID opcode, whose text argument ends at a newline) and whose tensor bytes hold no
+    newline, so that "line" runs to the end of the file."""
+    tensors = {"w": torch.zeros(megabytes << 18)}  # float zeros: no 0x0A byte anywhere
+    for pad in range(256):
+        save_file(tensors, path, metadata={"pad": "x" * pad})
+        data = path.read_bytes()
+        if data[0] == byte:
+            (length,) = struct.unpack("<Q", data[:8])
+            assert json.loads(data[8:8 + length])["w"]
+            return tensors
+    raise AssertionError("no padding gives that first byte")
+
+
+def test_a_safetensors_file_that_starts_like_a_pickle_line_reads_with_bounded_reads(
+        tmp_path, monkeypatch):
+    src = tmp_path / "looks_like_persid.safetensors"
+    tensors = _safetensors_starting_with(ord("P"), src)
+    reads: list[int] = []
+    real = sources.SourceFile.read
+
+    def counted(self, offset: int, n: int) -> bytes:
+        reads.append(n)
+        return real(self, offset, n)
+
+    monkeypatch.setattr(sources.SourceFile, "read", counted)
+    assert ckptport.inspect(src).format == "safetensors"
+    assert max(reads) <= MAX_TEXT + 64  # the sniff never holds the 3 MiB "line" at once
+    monkeypatch.undo()
+    out = tmp_path / "out.safetensors"
+    ckptport.normalize_file(src, out)
+    assert torch.equal(load_file(out)["w"], tensors["w"])
