@@ -305,10 +305,10 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
 
     if src.is_dir() and not is_checkpoint_folder(src):
         if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
-                or hash_name:
+                or hash_name or tag is not None:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size, --dcp-key and --hash-name apply to one "
-                                   "SRC")
+                                   "--max-shard-size, --dcp-key, --hash-name and --tag apply "
+                                   "to one SRC")
         from .commands.normalize import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:

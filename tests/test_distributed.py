@@ -459,3 +459,20 @@ def test_tag_picks_a_tag_and_latest_is_the_default(dist, run, tmp_path):
     assert missing.exit_code == 2 and "tags: global_step1, global_step2" in missing.stderr
     elsewhere = run("normalize", dist / "fsdp1" / "ws2", tmp_path / "y.pth", "--tag", "a")
     assert elsewhere.exit_code == 2 and "not a DeepSpeed checkpoint folder" in elsewhere.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("normalize", "{file}", "{out}"), ("inspect", "{file}"), ("manifest", "{file}"),
+    ("check", "{file}"), ("diff", "{file}", "{file}"),
+    ("normalize", "{zoo}", "{out_dir}"),  # folder mode: one tag cannot fit every save
+])
+def test_a_tag_that_names_nothing_is_refused_not_ignored(fx, run, tmp_path, args):
+    """A file read as is would pass for the tag the user named: exit 2, nothing written."""
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    shutil.copy(fx["ddp_cuda3"], zoo / "a.pth")
+    values = {"file": fx["ddp_cuda3"], "out": tmp_path / "o.safetensors", "zoo": zoo,
+              "out_dir": tmp_path / "outs"}
+    result = run(*(a.format(**values) for a in args), "--tag", "global_step9")
+    assert result.exit_code == 2 and "--tag" in result.stderr, result.stdout
+    assert not (tmp_path / "o.safetensors").exists() and not (tmp_path / "outs").exists()

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
-from ..readers.folders import tag_for
+from ..readers.folders import tag_for, tag_somewhere
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..tree import TextEnum
@@ -432,13 +432,15 @@ def check(
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
                      manifest=_PLANNED if against_manifest is not None else None)
     chosen = _codes(codes, ignore, wanted)
+    found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    tag_somewhere([*found, against], tag)
     if against is not None and "CKP009" in chosen:
-        settings = replace(settings, reference=open_checkpoint(against))
+        settings = replace(settings, reference=open_checkpoint(
+            against, max_expansion=max_expansion, tag=tag_for(Path(against), tag)))
     if against_manifest is not None and "CKP010" in chosen:
         from ..analysis.manifests import load_manifest
 
         settings = replace(settings, manifest=load_manifest(against_manifest))
-    found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     files = tuple(_check_file(path, chosen, settings) for path in found)
     return CheckReport(files, chosen, tuple(skipped))
 

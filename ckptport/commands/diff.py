@@ -24,7 +24,7 @@ from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint
-from ..readers.folders import tag_for
+from ..readers.folders import tag_for, tag_somewhere
 from ..rules import NormalizeOptions, Recipe
 
 __all__ = ["diff", "DiffReport"]
@@ -74,6 +74,7 @@ def diff(
     if raw and (options is not None or map_a is not None or map_b is not None):
         raise OptionError("raw=True compares as stored; it takes no normalize options")
     tolerance = Tolerance(atol, rtol, cast)
+    tag_somewhere((a, b), tag)
     if any(not isinstance(x, Checkpoint) and is_manifest(x) for x in (a, b)):
         if map_a is not None or map_b is not None:
             raise RuleError("--map-a/--map-b: a manifest side is normalized as the manifest "

@@ -49,6 +49,9 @@ def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
     from ..containers.sniff import sniff
     from ..remote.urls import is_remote
 
+    if tag is not None and (is_remote(path) or not (
+            Path(path).is_dir() and folder_kind(Path(path)) is FolderKind.DEEPSPEED)):
+        raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder", path)
     if is_remote(path):  # a URL: opened by range, then read as a local file is
         from ..remote import location
         from .remote import resolve_url
@@ -64,9 +67,6 @@ def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
             folder = tag_folder(given, tag)
             assert folder is not None
             return Source(given, SourceKind.DEEPSPEED, folder, tag_files(folder))
-        if tag is not None:
-            raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder",
-                              given)
         if kind is FolderKind.RANKS:
             ranks = rank_files(given)
             assert ranks is not None

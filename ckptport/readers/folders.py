@@ -22,17 +22,18 @@ reading the folder as the model alone would silently leave out.
 from __future__ import annotations
 
 import enum
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..containers.shard_index import find_index
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from .dcp import is_dcp
 from .deepspeed import is_deepspeed
 from .ranks import rank_files
 
-__all__ = ["FolderKind", "folder_kind", "tag_for", "weights_file", "not_one_checkpoint",
-           "WEIGHT_FILES",
-           "TRAINING_STATE"]
+__all__ = ["FolderKind", "folder_kind", "tag_for", "tag_somewhere", "weights_file",
+           "not_one_checkpoint", "WEIGHT_FILES", "TRAINING_STATE"]
 
 # a library's weights file in a model folder, by the name the library gives it
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "diffusion_pytorch_model.safetensors",
@@ -66,6 +67,14 @@ def folder_kind(folder: Path) -> FolderKind:
     if any((folder / name).exists() for name in WEIGHT_FILES):
         return FolderKind.WEIGHTS
     return FolderKind.CHECKPOINTS
+
+
+def tag_somewhere(paths: Iterable[object], tag: str | None) -> None:
+    """Refuse ``--tag`` when none of ``paths`` is a DeepSpeed save folder: each would be
+    read as it is, and the run would pass for the tag the user named."""
+    if tag is not None and not any(isinstance(p, (str, os.PathLike)) and tag_for(Path(p), tag)
+                                   for p in paths):
+        raise OptionError(f"--tag {tag}: no path given is a DeepSpeed checkpoint folder")
 
 
 def tag_for(path: Path, tag: str | None) -> str | None:
