@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dtypes import DType, dtype_of
+from .errors import OptionError
 from .parallel import run_all
 from .progress import Advance
 from .tensors import chunks, nbytes, view_key
@@ -164,7 +165,7 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         if not (self.atol >= 0 and self.rtol >= 0):  # also refuses NaN
-            raise ValueError(f"atol and rtol must be >= 0, not {self.atol!r}, {self.rtol!r}")
+            raise OptionError(f"atol and rtol must be >= 0, not {self.atol!r}, {self.rtol!r}")
 
     @property
     def exact(self) -> bool:

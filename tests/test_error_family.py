@@ -211,3 +211,12 @@ def test_every_error_can_name_a_file_and_globals_later(error):
     assert named.line().startswith("/data/x.pth: ") and error.path is None
     more = error.naming(("subprocess.Popen",), {})
     assert "subprocess.Popen" in more.dangerous and "subprocess.Popen" not in error.dangerous
+
+
+def test_a_negative_tolerance_is_an_option_error(fx):
+    from ckptport.errors import OptionError
+
+    with pytest.raises(OptionError, match="atol and rtol"):
+        ckptport.diff(fx["ddp_cuda3"], fx["ddp_cuda3"], atol=-1)
+    with pytest.raises(OptionError, match="atol and rtol"):
+        ckptport.check(fx["ddp_cuda3"], against=fx["ddp_cuda3"], rtol=float("nan"))

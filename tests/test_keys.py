@@ -458,6 +458,20 @@ def test_hash_name_refuses_a_shard_set(run, det, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_hash_name_refuses_a_name_the_hub_misreads_before_reading(run, det, tmp_path,
+                                                                   monkeypatch):
+    """``model-a.b.pth``: torch.hub would take ``a`` for the hash; refused up front."""
+    import ckptport.readers as readers
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the source was read before the DST name was checked")
+
+    monkeypatch.setattr(readers, "open_checkpoint", no_read)
+    result = run("normalize", det["det"], tmp_path / "model-a.b.pth", "--hash-name")
+    assert result.exit_code == 2 and "wrong part" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_folder_mode_takes_the_steps_and_refuses_hash_name(run, det, tmp_path):
     folder = tmp_path / "in"
     (folder / "sub").mkdir(parents=True)

@@ -21,7 +21,6 @@ Value semantics (documented in the README and ``ckptport diff --help``):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,7 @@ from ..compare import TensorDelta, Tolerance, compare_tensor, leaf_equal
 from ..dtypes import dtype_of
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions, apply_rules
-from ..tensors import view_key
+from ..tensors import nbytes, view_key
 from ..tree import children
 from .manifests import ManifestComparison
 
@@ -197,7 +196,7 @@ def compare_sides(side_a: Side, leaves_a: dict[KeyPath, Any], side_b: Side,
                                         _dtype(value_b)))
         if dtype_of(value_a) == dtype_of(value_b) or tolerance.cast:
             pairs.append((key, value_a, value_b))
-    advance = progress("diff", sum(_nbytes(x) for _, x, _ in pairs))
+    advance = progress("diff", sum(nbytes(x) for _, x, _ in pairs))
     deltas = [d for d in (compare_tensor(*pair, tolerance, advance) for pair in pairs)
               if d is not None]
     only_a, tied_a = _one_side(leaves_a, leaves_b)
@@ -276,5 +275,3 @@ def _dtype(tensor: Any) -> str:
     return dtype_of(tensor).name
 
 
-def _nbytes(tensor: Any) -> int:
-    return math.prod(tensor.shape) * dtype_of(tensor).itemsize

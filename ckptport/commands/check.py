@@ -18,7 +18,6 @@ skipped with the reason, never silently passed over.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from ..analysis.survey import InspectReport, survey
 from ..checkpoint import Checkpoint, Format
+from ..compare import Tolerance
 from ..errors import (
     EXIT_ERROR,
     EXIT_FINDINGS,
@@ -44,9 +44,8 @@ from ..tree import TextEnum
 from ..unpickle import allowed_names
 
 __all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding", "Severity",
-           "FileResult", "Skipped", "CheckReport", "check", "CODE_PATTERN", "FINITE_SCOPES"]
+           "FileResult", "Skipped", "CheckReport", "check", "FINITE_SCOPES"]
 
-CODE_PATTERN = re.compile(r"(?i)CKP\d{3}(\s*,\s*CKP\d{3})*")
 FINITE_SCOPES = ("weights", "all")
 
 
@@ -75,8 +74,7 @@ class CheckSettings:
     reference: Checkpoint | None = None  # --against
     manifest: Any = None  # --against-manifest, loaded
     options: NormalizeOptions = field(default_factory=NormalizeOptions)
-    atol: float = 0.0
-    rtol: float = 0.0
+    tolerance: Tolerance = field(default_factory=Tolerance)  # --atol/--rtol for --against
     progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
     max_expansion: float = 2.0  # readers.budget's ratio
     tag: str | None = None  # a DeepSpeed save folder's tag (None: follow ``latest``)
@@ -348,7 +346,6 @@ CODES = {rule.code: rule for rule in (
               "re-export the tensors compact; --max-expansion RATIO if the file is yours",
               _expansion),
 )}
-RULES = CODES  # round 1's name
 
 
 @dataclass(frozen=True)
@@ -427,7 +424,7 @@ def check(
     from ..readers.budget import ratio_of
 
     settings = CheckSettings(tuple(require_format), finite, None, None,
-                             options or NormalizeOptions(), atol, rtol, progress,
+                             options or NormalizeOptions(), Tolerance(atol, rtol), progress,
                              ratio_of(max_expansion), tag)
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
                      manifest=_PLANNED if against_manifest is not None else None)
@@ -507,13 +504,13 @@ def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileR
 
 def _against(checkpoint: Checkpoint, settings: CheckSettings) -> list[Hit]:
     """Differences from the reference, both sides normalized alike (``ckptport diff``)."""
-    from ..analysis.diffing import Tolerance, compare_checkpoints
+    from ..analysis.diffing import compare_checkpoints
 
     reference = settings.reference
     assert reference is not None
     try:
         report = compare_checkpoints(reference, checkpoint,
-                                     Tolerance(settings.atol, settings.rtol),
+                                     settings.tolerance,
                                      options_a=settings.options, options_b=settings.options,
                                      progress=settings.progress)
     except CkptportError as exc:  # e.g. no state dict to compare

@@ -24,7 +24,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Kind", "OutputFormat", "FORMATS", "register", "output_format", "by_extension"]
+__all__ = ["Kind", "OutputFormat", "FORMATS", "register", "by_extension"]
 
 
 class Kind(enum.Enum):
@@ -78,10 +78,6 @@ register(OutputFormat("pth", Kind.FILE, "ckptport.writers.pth:PthFile",
 register(OutputFormat("safetensors", Kind.FILE, "ckptport.writers.safetensors:SafetensorsFile",
                       (".safetensors",), shard_stem="model", metadata=True))
 register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter"))
-
-
-def output_format(name: str) -> OutputFormat | None:
-    return FORMATS.get(name)
 
 
 def by_extension(filename: str) -> tuple[str, OutputFormat] | None:

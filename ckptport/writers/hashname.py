@@ -40,7 +40,20 @@ def staging_destination(destination: Destination) -> Destination:
                           "folder has many (write a single .pth or .safetensors)",
                           destination.path)
     path = destination.path
+    _check_hub_reads(path, "0123456789abcdef" * 4)  # before anything is read or written
     return Destination(path.with_name(f".{path.name}.ckptport-hash-name"), destination.format)
+
+
+def _check_hub_reads(dst: Path, sha256: str) -> Path:
+    """``dst``'s hashed name, refused where torch.hub would read the hash elsewhere in it
+    (``model-a.b.pth``: ``-a.`` comes first)."""
+    final = hashed_name(dst, sha256)
+    found = _HUB_HASH.search(final.name)
+    if found is None or found.group(1) != sha256[:HASH_PREFIX_WIDTH]:
+        raise OutputError(f"torch.hub would read the hash from the wrong part of "
+                          f"{final.name!r}; choose a DST name without '-' before hex "
+                          "digits and a dot", dst)
+    return final
 
 
 def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
@@ -50,12 +63,7 @@ def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
         with written.open("rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
-        final = hashed_name(dst, digest.hexdigest())
-        found = _HUB_HASH.search(final.name)
-        if found is None or found.group(1) != digest.hexdigest()[:HASH_PREFIX_WIDTH]:
-            raise OutputError(f"torch.hub would read the hash from the wrong part of "
-                              f"{final.name!r}; choose a DST name without '-' before hex "
-                              "digits and a dot", dst)
+        final = _check_hub_reads(dst, digest.hexdigest())
         if final.exists() and not overwrite:
             raise OutputError(f"{final.name} exists; pass --overwrite to replace it", dst)
         os.replace(written, final)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OutputError
-from .formats import FORMATS, Kind, OutputFormat, by_extension, output_format
+from .formats import FORMATS, Kind, OutputFormat, by_extension
 
 __all__ = ["Destination", "plan_destination", "check_destination", "same_file", "parse_size",
            "file_extension", "DEFAULT_SHARD_SIZE", "ANCHOR_PATTERN"]
@@ -78,7 +78,7 @@ def plan_destination(dst: str | os.PathLike[str], to: str | None = None,
     path = Path(dst)
     fmt = None
     if to is not None:
-        fmt = output_format(str(to))
+        fmt = FORMATS.get(str(to))
         if fmt is None:
             raise OutputError(f"unknown output format {str(to)!r} (known: {_known()})", path)
     extension = file_extension(path)
