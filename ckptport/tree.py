@@ -30,7 +30,7 @@ __all__ = [
     "GlobalRef", "Backref",
     "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
     "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
-    "KEY_RULES", "CKPTPORT_KEYS", "type_name", "state_dicts", "replace_state_dicts",
+    "KEY_RULES", "CKPTPORT_KEYS", "type_name", "state_dicts", "replace_state_dicts", "SCALARS",
 ]
 
 KeyPath = tuple[Any, ...]
@@ -149,7 +149,7 @@ def record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
     return parts
 
 
-_SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})
+SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})  # leaves, not nodes
 
 
 def children(node: Any) -> list[tuple[Any, Any]] | None:
@@ -163,7 +163,7 @@ def children(node: Any) -> list[tuple[Any, Any]] | None:
         return list(node.items())
     if kind is list or kind is tuple:
         return list(enumerate(node))
-    if kind in _SCALARS:
+    if kind in SCALARS:
         return None
     if isinstance(node, ObjectRecord):
         return record_parts(node)
@@ -198,7 +198,7 @@ def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]
     while stack:
         path, node = stack.pop()
         yield path, node
-        if type(node) in _SCALARS:
+        if type(node) in SCALARS:
             continue
         below = children(node)
         if below:
@@ -211,7 +211,7 @@ def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any
     while stack:
         path, node = stack.pop()
         kind = type(node)
-        if kind in _SCALARS:
+        if kind in SCALARS:
             continue
         if is_tensor(node):
             yield path, node
@@ -219,7 +219,7 @@ def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any
         below = children(node)
         if below:
             stack.extend(((*path, key), child) for key, child in reversed(below)
-                         if type(child) not in _SCALARS)
+                         if type(child) not in SCALARS)
 
 
 def rebuild_dict(original: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:

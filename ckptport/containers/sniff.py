@@ -125,7 +125,7 @@ class _WholeFile:
         return found
 
 
-def torch_would_unpickle(source: SourceFile) -> bool:
+def torch_would_unpickle(source: SourceFile, head: bytes | None = None) -> bool:
     """Whether ``torch.load``'s pickle fallback would get past the file's first opcodes.
 
     True when the bytes start a complete pickle, or reach an opcode that
@@ -134,15 +134,15 @@ def torch_would_unpickle(source: SourceFile) -> bool:
     pickle is followed as far as the file goes (a 71 MB polyglot hid its
     payload past the first MiB), reading only what its opcodes land on.
     """
-    head = source.read(0, min(source.size, _HEAD))
-    data: Any = head
+    if head is None:
+        head = source.read(0, min(source.size, _HEAD))
     try:
         scan(head, 0)
         return True
     except ScanError as exc:
         if source.size <= len(head) or not exc.truncated:
             return executes_before(head, exc.position)
-    data = _WholeFile(source)
+    data: Any = _WholeFile(source)
     try:
         scan(data, 0)
         return True
@@ -165,7 +165,7 @@ def sniff(source: SourceFile) -> Format | None:
     may claim it); an ``InputError`` when it is empty or two containers at once."""
     if source.size == 0:
         raise InputError("empty file (0 bytes), not a checkpoint", source.path)
-    head = source.read(0, min(source.size, 4096))
+    head = source.read(0, min(source.size, _HEAD))
     if head[:4] == _ZIP:
         return Format.TORCH_ZIP
     if is_tar(source):
@@ -177,10 +177,10 @@ def sniff(source: SourceFile) -> Format | None:
                          "archive: Python's zipfile and torch.load would read different files; "
                          "refused", source.path)
     if _safetensors_shaped(source, head):
-        if torch_would_unpickle(source):
+        if torch_would_unpickle(source, head):
             raise InputError("is both a safetensors file and a pickle torch.load would run; "
                              "refused", source.path)
         return Format.SAFETENSORS
-    if head[:1] == b"\x80" or torch_would_unpickle(source):
+    if head[:1] == b"\x80" or torch_would_unpickle(source, head):
         return Format.TORCH_LEGACY
     return None

@@ -24,7 +24,7 @@ from ..dtypes import DType
 from ..errors import CkptportError, CodeArchiveError, InputError, OptionError
 from ..sources import SourceFile, open_source
 from ..tensors import to_torch
-from ..tree import is_tensor, map_tree
+from ..tree import SCALARS, is_tensor, map_tree
 from ..unpickle.values import Device, Size
 from . import budget
 from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
@@ -184,16 +184,13 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     made: dict[int, object] = {}
 
     def leaf(path: tuple[object, ...], value: object) -> object:
-        if type(value) in _PLAIN:  # most leaves of a big tree: nothing to make
+        if type(value) in SCALARS:  # most leaves of a big tree: nothing to make
             return value
         if id(value) not in made:
             made[id(value)] = _torch_value(value, storages)
         return made[id(value)]
 
     return checkpoint.with_tree(map_tree(checkpoint.tree, leaf))
-
-
-_PLAIN = frozenset({int, float, str, bool, bytes, complex, type(None)})
 
 
 def _torch_value(value: object, storages: dict[int, object]) -> object:

@@ -42,7 +42,6 @@ class ReadOptions:
     trust: bool = False
     lenient: bool = False
     max_expansion: float | None = None  # readers.budget's ratio (None: the default)
-    tag: str | None = None  # a DeepSpeed save folder's tag to read (None: follow ``latest``)
 
 
 class SourceKind(str, enum.Enum):

@@ -16,17 +16,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..containers.sniff import is_tar, torch_would_unpickle
-from ..errors import CkptportError
+from ..containers.sniff import sniff
+from ..errors import CkptportError, InputError
 from ..sources import open_source
 from .dcp import METADATA_FILE, is_dcp
 from .deepspeed import tag_files
 from .ranks import rank_files
 
 __all__ = ["Found", "Discovery", "discover", "inside"]
-
-_CONTAINER_HEADS = (b"PK\x03\x04",)
-
 
 @dataclass(frozen=True)
 class Found:
@@ -57,16 +54,13 @@ def _classify(path: Path) -> str | None:
     try:
         if source.size == 0:
             return "empty"
-        head = source.read(0, min(source.size, 16))
-        if head.startswith(_CONTAINER_HEADS) or is_tar(source):
-            return None
-        if len(head) >= 9:
-            length = int.from_bytes(head[:8], "little")
-            if length <= source.size - 8 and head[8:9] in (b"{", b" "):
+        try:  # the sniff every reader uses: what it names, a loader opens
+            if sniff(source) is not None:
                 return None
-        if torch_would_unpickle(source):
+        except InputError:  # a tar, a polyglot: a checkpoint file, reported unreadable
             return None
-        return f"not a checkpoint: torch.load cannot open it (starts with {head[:8].hex()})"
+        head = source.read(0, min(source.size, 8))
+        return f"not a checkpoint: torch.load cannot open it (starts with {head.hex()})"
     except CkptportError as exc:
         return exc.message
     finally:

@@ -46,3 +46,15 @@ def test_a_safetensors_file_that_starts_like_a_pickle_line_reads_with_bounded_re
     out = tmp_path / "out.safetensors"
     ckptport.normalize_file(src, out)
     assert torch.equal(load_file(out)["w"], tensors["w"])
+
+
+def test_discovery_finds_what_the_readers_read(tmp_path):
+    """A safetensors header may open with any JSON whitespace: folder searches (check DIR,
+    folder mode) use the readers' own sniff, so they list it as a checkpoint."""
+    header = b'\n{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    header += b" " * (-len(header) % 8)
+    (tmp_path / "tab.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header + struct.pack("<2f", 1.0, 2.0))
+    assert torch.equal(load_file(tmp_path / "tab.safetensors")["w"], torch.tensor([1.0, 2.0]))
+    report = ckptport.check(tmp_path)
+    assert [f.path.name for f in report.files] == ["tab.safetensors"] and not report.skipped
