@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from ckptport.remote import location, meter
 from ckptport.remote.urls import parse_url
@@ -203,6 +203,21 @@ def test_hub_token_goes_to_the_hub_only(hub, run):
     assert cdn and all(a == {""} for a in cdn.values())  # the redirect target saw no token
     assert api and all(a == {f"Bearer {TOKEN}"} for a in api.values())
     assert TOKEN not in made.stdout + made.stderr
+
+
+def test_a_hub_folder_is_read_by_the_names_a_local_folder_is(hub, local, run, tmp_path):
+    """A peft adapter repository holds adapter_model.safetensors, as its local folder does."""
+    repo = "org/adapter"
+    hub.repos[repo] = HubRepo({"adapter_model.safetensors": local["safetensors"],
+                               "adapter_config.json": local["safetensors"]})
+    try:
+        out = tmp_path / "o.safetensors"
+        result = run("normalize", f"hf://{repo}", out, "-q")
+        assert result.exit_code == 0, result.stderr
+        got, want = load_file(out), load_file(local["safetensors"])
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    finally:
+        del hub.repos[repo]
 
 
 def test_hub_without_token_is_one_line(hub, run, monkeypatch):

@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..remote import RemotePath, target
 from ..sources import SourceFile
 from .base import Source, SourceKind
+from .folders import WEIGHT_FILES
 
 __all__ = ["resolve_url"]
 
@@ -25,7 +26,7 @@ __all__ = ["resolve_url"]
 def resolve_url(path: RemotePath) -> Source:
     from . import check_named
 
-    remote = target(path)
+    remote = target(path, WEIGHT_FILES)
     named = cast(Path, remote)
     file = cast(SourceFile, remote.opened())  # a RemoteFile: a SourceFile
     if remote.name.endswith(".index.json"):

@@ -25,9 +25,6 @@ from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, red
 
 __all__ = ["RemotePath", "RemoteURL", "is_remote", "location", "parse_url", "redact", "target"]
 
-_HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-
-
 def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
     """A local ``Path``, or a ``RemotePath`` for a URL: the one place paths are told apart."""
     if isinstance(raw, (Path, RemotePath)):
@@ -40,8 +37,10 @@ def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
     return RemotePath(parse_url(text), opener=open_remote)
 
 
-def target(path: RemotePath) -> RemotePath:
-    """The object ``path`` names: itself, or a hub repository's (or folder's) weights.
+def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
+    """The object ``path`` names: itself, or a hub repository's (or folder's) weights:
+    its shard index, else the first of ``weight_files`` it holds (the names a local
+    model folder is read by, ``readers.folders.WEIGHT_FILES``).
 
     Other folders are refused: a bucket or a web server cannot be listed the
     same way everywhere, and folder mode is local. When the command will read
@@ -67,8 +66,8 @@ def target(path: RemotePath) -> RemotePath:
     indexes = sorted(n for n in names if n.endswith(".index.json"))
     if len(indexes) > 1:
         raise InputError(f"holds several shard indexes ({', '.join(indexes)}); name one", path)
-    chosen = indexes or [n for n in _HUB_WEIGHTS if n in names]
+    chosen = indexes or [n for n in weight_files if n in names]
     if not chosen:
         raise InputError("is a repository folder with no checkpoint in it (no *.index.json "
-                         f"shard index, no {' or '.join(_HUB_WEIGHTS)})", path)
+                         f"shard index, no {' or '.join(weight_files)})", path)
     return RemotePath(replace(url, key=prefix + chosen[0]), path.pins, path.opener)
