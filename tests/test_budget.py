@@ -94,3 +94,14 @@ def test_an_empty_array_of_many_rows_is_refused_fast(tmp_path, run):
     assert result.exit_code == 2 and "rows holds a numpy.ndarray" in result.stderr
     assert "would become more than" in result.stderr
     assert run("normalize", path, tmp_path / "w.pth").exit_code == 0  # the weights alone
+
+
+def test_loading_takes_the_budget_as_every_command_does(tmp_path):
+    """``load_state_dict``/``load_into`` refuse what normalize refuses, and take the same
+    ``max_expansion`` for a file one knows (a 128 MiB stride-0 view of 8 floats)."""
+    path = write_zip(tmp_path / "s0.pt", PROTO2 + in_dict(
+        text("w") + tensor(storage("0", 8), 0, (1 << 25,), (0,))) + STOP, (("0", 8),))
+    with pytest.raises(ckptport.InputError, match="more than the budget"):
+        ckptport.load_state_dict(path)
+    state = ckptport.load_state_dict(path, max_expansion=1e9)
+    assert state["w"].shape == (1 << 25,) and bool((state["w"] == state["w"][0]).all())

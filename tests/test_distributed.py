@@ -476,3 +476,18 @@ def test_a_tag_that_names_nothing_is_refused_not_ignored(fx, run, tmp_path, args
     result = run(*(a.format(**values) for a in args), "--tag", "global_step9")
     assert result.exit_code == 2 and "--tag" in result.stderr, result.stdout
     assert not (tmp_path / "o.safetensors").exists() and not (tmp_path / "outs").exists()
+
+
+def test_load_into_takes_the_tag(dist, tmp_path):
+    """The Python loaders read a tag as the commands do; a tag on a file is refused."""
+    import ckptport
+
+    folder = tmp_path / "save"
+    shutil.copytree(dist / "ds" / "ws2" / "s2_fp32", folder)
+    shutil.copytree(folder / "global_step2", folder / "global_step1")
+    (folder / "latest").write_text("global_step1")
+    tagged = ckptport.load_state_dict(folder, tag="global_step2")
+    want = ckptport.load_state_dict(folder / "global_step2")
+    assert tagged.keys() == want.keys() and all(torch.equal(tagged[k], want[k]) for k in want)
+    with pytest.raises(ckptport.OptionError, match="--tag"):
+        ckptport.load_state_dict(dist / "fsdp1" / "ws2" / "model_rank0.pt", tag="x")

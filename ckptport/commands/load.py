@@ -63,6 +63,8 @@ def load_state_dict(
     drop: Sequence[str] = (),
     rename: Sequence[tuple[str, str]] = (),
     map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (the CLI's --map)
+    max_expansion: float | None = None,
+    tag: str | None = None,
 ) -> OrderedDict[str, torch.Tensor]:
     """A plain state dict from any checkpoint, ready for ``model.load_state_dict``.
 
@@ -73,6 +75,8 @@ def load_state_dict(
         options: ``NormalizeOptions``; ``subtree``, ``keep``, ``drop``, ``rename`` and
             ``map`` are ``normalize``'s key steps, added to them.
         trust: unpickle with full Python (runs code from the file).
+        max_expansion: the read budget's ratio (``readers.budget``), as ``--max-expansion``.
+        tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
 
     Returns:
         An ``OrderedDict`` of tensors, wrapper prefixes stripped, module versions kept.
@@ -81,7 +85,8 @@ def load_state_dict(
         CkptportError: the file cannot be read, or the selected part is no state dict.
     """
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
-    normalized = apply_rules(read(path, trust=trust), options)
+    normalized = apply_rules(read(path, trust=trust, max_expansion=max_expansion, tag=tag),
+                             options)
     state = normalized.checkpoint.tree
     if not is_state_dict(state):
         raise SelectionError("the selected part is not a state dict of tensors; pass "
@@ -123,7 +128,8 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
               rename: Sequence[tuple[str, str]] = (),
               map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (--map)
               device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-              ignore_mismatched_sizes: bool = False) -> LoadResult:
+              ignore_mismatched_sizes: bool = False, max_expansion: float | None = None,
+              tag: str | None = None) -> LoadResult:
     """Load ``path`` into ``model``, wrapped or not, on the model's own keys.
 
     A model with tensors on ``meta`` (built under ``torch.device("meta")``)
@@ -146,6 +152,7 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
         options, subtree, keep, drop, rename, map: as ``load_state_dict``.
         device, dtype: where and as what the tensors go (see above).
         ignore_mismatched_sizes: skip tensors whose shape differs, listing them.
+        max_expansion, tag: as ``load_state_dict``.
 
     Returns:
         A ``LoadResult``: ``missing``, ``unexpected``, ``mismatched`` and ``loaded``.
@@ -162,7 +169,8 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
         raise CkptportError(f"dtype={dtype!r}: give a floating-point torch.dtype (it applies "
                             "to floating-point tensors only)", where)
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
-    state = load_state_dict(path, options=options, trust=trust)
+    state = load_state_dict(path, options=options, trust=trust, max_expansion=max_expansion,
+                            tag=tag)
     model_state = model.state_dict(keep_vars=True)
     model_keys = list(model_state)
     by_stripped = {strip_key(key) or key: key for key in model_keys}

@@ -206,7 +206,7 @@ def _torch_value(value: object, storages: dict[int, object]) -> object:
 
 
 def read(path: str | os.PathLike[str], *, trust: bool = False,
-         max_expansion: float | None = None) -> Checkpoint:
+         max_expansion: float | None = None, tag: str | None = None) -> Checkpoint:
     """Read any checkpoint ckptport reads, without running code from it (unless ``trust``).
 
     Args:
@@ -215,6 +215,7 @@ def read(path: str | os.PathLike[str], *, trust: bool = False,
         trust: unpickle with full Python: runs code from the file (only for files you
             vouch for).
         max_expansion: the read budget's ratio (``readers.budget``).
+        tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
 
     Returns:
         A ``Checkpoint``: the tree as stored (wrapper prefixes, optimizer and all), its
@@ -224,7 +225,8 @@ def read(path: str | os.PathLike[str], *, trust: bool = False,
         InputError: missing, corrupt, truncated, ambiguous, or beyond the budget.
         UnsafeCheckpointError: the file names globals that would run code.
     """
-    return materialize(open_checkpoint(path, trust=trust, max_expansion=max_expansion))
+    return materialize(open_checkpoint(path, trust=trust, max_expansion=max_expansion,
+                                       tag=tag))
 
 
 def describe(path: str | os.PathLike[str]) -> Checkpoint:
