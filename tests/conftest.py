@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -11,11 +13,34 @@ from click.testing import CliRunner, Result
 from ckptport.cli import cli
 from fixtures.make_fixtures import build
 
+if TYPE_CHECKING:
+    from fixtures.distributed import Launch
+
 
 @pytest.fixture(scope="session")
 def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A file the malicious fixtures' payload would create; it must never exist."""
     return tmp_path_factory.mktemp("sentinel") / "PWNED"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def frameworks(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch | None]:
+    """DeepSpeed, Lightning and FSDP start writing their checkpoints when the session starts.
+
+    They take the longest of all fixtures (interpreter start-ups, rendezvous waits) and run
+    in their own processes, so the tests before the first one that needs them (``dist``)
+    run meanwhile. Sessions that collect no such test, or lack the frameworks, start none.
+    """
+    wanted = any("dist" in item.fixturenames for item in request.session.items)
+    if not wanted or not all(find_spec(m) for m in ("deepspeed", "pytorch_lightning")):
+        yield None
+        return
+    from fixtures.distributed import Launch
+
+    launch = Launch(tmp_path_factory.mktemp("distributed"))
+    yield launch
+    launch.stop()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from fixtures.distributed import DS_CONFIGS, WS1, net_class
+from fixtures.distributed import DS_CONFIGS, WS1, Launch, net_class
 from fixtures.hostile import PROTO2, STOP, system, write_zip
 
 ZERO_TO_FP32 = [c for c in DS_CONFIGS if c not in ("s0_bf16", "s1_bf16_fp32acc")]
@@ -32,13 +32,12 @@ CASES = [(2, c) for c in ZERO_TO_FP32] + [(1, c) for c in WS1 if c in ZERO_TO_FP
 
 
 @pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dist(frameworks: Launch | None) -> Path:
     """Real DeepSpeed, Lightning and FSDP checkpoints (world sizes 1 and 2), made once."""
     pytest.importorskip("deepspeed", reason="the test extra's deepspeed is not installed")
     pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is not installed")
-    from fixtures.distributed import build
-
-    return build(tmp_path_factory.mktemp("distributed"))
+    assert frameworks is not None  # started by conftest for every session that uses dist
+    return frameworks.wait()
 
 
 def _quiet(call: Any, *args: Any) -> Any:
