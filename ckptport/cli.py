@@ -363,6 +363,8 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
         progress(f"reading {src}", 0)
         made = manifest(src, options, jobs=jobs, trust=trust, max_expansion=max_expansion, tag=tag,
                         progress=progress)
+    for note in made.notes():
+        click.echo(note, err=True)
     if output is None:
         click.echo(made.to_json(), nl=False)
         return

@@ -106,7 +106,7 @@ def test_the_manifest_command_and_its_file(fx, tmp_path, run):
     printed = run("manifest", fx["ddp_cuda3"])
     assert printed.exit_code == 0
     doc = json.loads(printed.stdout)
-    assert doc["schema"] == SCHEMA and doc["version"] == 1 and doc["tensor_count"] == 9
+    assert doc["schema"] == SCHEMA and doc["version"] == 2 and doc["tensor_count"] == 9
     assert [t["name"] for t in doc["tensors"]] == sorted(t["name"] for t in doc["tensors"])
     out = tmp_path / "m.json"
     result = run("manifest", fx["ddp_cuda3"], "-o", out)

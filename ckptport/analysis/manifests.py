@@ -7,13 +7,18 @@ it, and one **weights digest**: the sha256 of the sorted per-tensor lines
 
     ["name","dtype",[shape],nbytes,"sha256"]\\n...
 
-(compact JSON, one line per name, sorted by name, joined by newlines, no
-trailing newline). Ties, key order, sharding and the container do not
-enter it, so a ``.pth``, a ``.safetensors`` file, a shard set, a DCP folder
-and a Hugging Face folder holding the same weights have the same digest;
-a cast changes it. The file also records its schema version, the tool's
-version and the normalize options it was made with (``check
---against-manifest`` normalizes the artifact with the same options).
+(compact JSON, one line per tensor, sorted, joined by newlines, no trailing
+newline). A tie — one tensor under several names — is one line, under the
+name that stands for it (``ties``); its other names are listed with
+``alias_of`` and left out of the digest, so a tied name stored, tied or
+omitted as the hub omits it gives one digest. Key order, sharding and the
+container do not enter it, so a ``.pth``, a ``.safetensors`` file, a shard
+set, a DCP folder and a Hugging Face folder holding the same weights have
+the same digest; a cast changes it. (Schema version 1 put every name in the
+digest; such manifests still read and check with that definition.) The
+file also records its schema version, the tool's version and the normalize
+options it was made with (``check --against-manifest`` normalizes the
+artifact with the same options).
 
 Hashing reads each unique tensor once, by position, on every core
 (hashlib releases the GIL); memory is one read buffer per worker.
@@ -40,14 +45,15 @@ from ..rules import NormalizeOptions, apply_rules
 from ..rules.keys import recipe_from_json
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import format_path, iter_tensors
+from .ties import TIE_BY, TieBy, canonical_ties, declared_ties
 
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
            "build_manifest", "load_manifest", "write_manifest", "is_manifest",
            "compare_manifests", "against_manifest", "WrittenDigests", "options_of",
-           "manifest_options", "tied_elsewhere"]
+           "manifest_options", "tied_elsewhere", "weights_digest", "unproven_alias"]
 
 SCHEMA = "ckptport.manifest"
-VERSION = 1
+VERSION = 2  # 2: a tie is one line of the digest (1: every name was)
 MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists tensors, not their bytes
 _HEX = frozenset("0123456789abcdef")
 
@@ -60,6 +66,8 @@ class TensorEntry:
     nbytes: int
     sha256: str
     tied: tuple[str, ...] = ()  # the other names of the same tensor (not in the digest)
+    alias_of: str | None = None  # the name that stands for this tie (then not in the digest)
+    tie_by: TieBy | None = None  # how the tie is known, on every name of a tie
 
     def line(self) -> str:
         return json.dumps([self.name, self.dtype, list(self.shape), self.nbytes, self.sha256],
@@ -75,7 +83,13 @@ class Manifest:
     tool: str = __version__
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "digest", weights_digest(self.tensors))
+        object.__setattr__(self, "digest", weights_digest(self.tensors, self.version))
+
+    def notes(self) -> tuple[str, ...]:
+        """What the digest had to guess: aliases known only by the hub's convention."""
+        return tuple(f"note: {t.name} is taken as a tie of {t.alias_of} (same content; the "
+                     "hub's convention, no config.json declares it) and left out of the "
+                     "digest" for t in self.tensors if t.alias_of and t.tie_by == "convention")
 
     @property
     def total_bytes(self) -> int:
@@ -88,13 +102,22 @@ class Manifest:
         doc = {"schema": SCHEMA, "version": self.version, "ckptport": self.tool,
                "options": dict(self.options), "digest": self.digest,
                "tensor_count": len(self.tensors), "total_bytes": self.total_bytes,
-               "tensors": [{**asdict(t), "shape": list(t.shape), "tied": list(t.tied)}
-                           for t in self.tensors]}
+               "tensors": [_entry_json(t) for t in self.tensors]}
         return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
-def weights_digest(entries: Iterable[TensorEntry]) -> str:
-    lines = sorted(entry.line() for entry in entries)
+def _entry_json(entry: TensorEntry) -> dict[str, Any]:
+    made = {**asdict(entry), "shape": list(entry.shape), "tied": list(entry.tied)}
+    for name in ("alias_of", "tie_by"):  # only on tied names: untied entries read as before
+        if made[name] is None:
+            del made[name]
+    return made
+
+
+def weights_digest(entries: Iterable[TensorEntry], version: int = VERSION) -> str:
+    """The sha256 of the sorted lines: of the names standing for their tensors (version
+    2), or of every name (version 1)."""
+    lines = sorted(entry.line() for entry in entries if version < 2 or entry.alias_of is None)
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
@@ -140,8 +163,14 @@ class WrittenDigests:
 
 def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
                    jobs: int | None = None, known: Mapping[ViewKey, str] | None = None,
-                   progress: Progress = no_progress) -> Manifest:
-    """The manifest of a normalized checkpoint's tensors; ``known`` digests are not redone."""
+                   progress: Progress = no_progress,
+                   declared: bool | None = None) -> Manifest:
+    """The manifest of a normalized checkpoint's tensors; ``known`` digests are not redone.
+
+    Names sharing one tensor are a tie known by storage; ``declared`` is what the model's
+    ``config.json`` says of tied embeddings (``ties.declared_ties``), deciding whether a
+    stored copy of an embedding joins a tie (``ties.canonical_ties``).
+    """
     named: dict[ViewKey, list[tuple[str, Any]]] = {}
     for path, leaf in iter_tensors(checkpoint.tree):
         named.setdefault(view_key(leaf), []).append((format_path(path), leaf))
@@ -163,12 +192,13 @@ def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
         for name, leaf in names:
             tied = tuple(sorted(other for other, _ in names if other != name))
             entries.append(TensorEntry(name, _dtype_name(leaf), tuple(leaf.shape), nbytes(leaf),
-                                       sha, tied))
+                                       sha, tied, tie_by="storage" if tied else None))
     duplicate = _first_duplicate(e.name for e in entries)
     if duplicate is not None:
         raise OutputError(f"two tensors are both named {duplicate!r}; a manifest names each "
                           "tensor once", checkpoint.source.path)
-    return Manifest(tuple(sorted(entries, key=lambda e: e.name)), options_of(options))
+    return Manifest(tuple(sorted(canonical_ties(entries, declared), key=lambda e: e.name)),
+                    options_of(options))
 
 
 def _dtype_name(leaf: Any) -> str:
@@ -190,7 +220,8 @@ def manifest_of(checkpoint: Checkpoint, options: NormalizeOptions | None = None,
     for zip, legacy, safetensors and shard sets, unless ``options`` cast)."""
     options = options or NormalizeOptions()
     normalized = apply_rules(checkpoint, options, lazy=True)
-    return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress)
+    return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress,
+                          declared=declared_ties(checkpoint.source.path))
 
 
 def write_manifest(made: Manifest, path: str | os.PathLike[str], *,
@@ -260,13 +291,23 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         if len(sha) != 64 or not set(sha) <= _HEX:
             raise InputError(f"manifest field {where}.sha256 is not a sha256", target)
         tied = field_.get(item, "tied", list, where, default=[])
+        alias_of = field_.get(item, "alias_of", str, where, default="") or None
+        tie_by = field_.get(item, "tie_by", str, where, default="") or None
+        if tie_by is not None and tie_by not in TIE_BY:
+            raise InputError(f"manifest field {where}.tie_by is {tie_by!r}, not one of "
+                             f"{', '.join(TIE_BY)}", target)
         entries.append(TensorEntry(field_.get(item, "name", str, where),
                                    field_.get(item, "dtype", str, where), tuple(shape),
                                    field_.get(item, "nbytes", int, where), sha,
-                                   tuple(str(t) for t in tied)))
+                                   tuple(str(t) for t in tied), alias_of, tie_by))
     duplicate = _first_duplicate(e.name for e in entries)
     if duplicate is not None:
         raise InputError(f"manifest lists the tensor {duplicate!r} twice", target)
+    false_alias = unproven_alias(entries)
+    if false_alias is not None:
+        raise InputError(f"manifest field \"alias_of\" of {false_alias!r} names no tensor of "
+                         "the same dtype, shape and content that stands for itself (an alias "
+                         "would hide a tensor from the digest)", target)
     made = Manifest(tuple(sorted(entries, key=lambda e: e.name)), options, version,
                     str(doc.get("ckptport", "")))
     if doc.get("digest") != made.digest:
@@ -278,6 +319,25 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         cause = exc.message if isinstance(exc, CkptportError) else exc
         raise InputError(f"manifest field \"options\": {cause}", target) from None
     return made
+
+
+def unproven_alias(entries: Iterable[TensorEntry]) -> str | None:
+    """The first name claimed to be an alias of a tensor that is not its equal.
+
+    An alias is left out of the digest, so the claim is checked: it must name an
+    entry that stands for itself with the same dtype, shape, size and sha256.
+    """
+    listed = list(entries)
+    by_name = {e.name: e for e in listed}
+    for entry in listed:
+        if entry.alias_of is None:
+            continue
+        head = by_name.get(entry.alias_of)
+        if head is None or head.alias_of is not None or head.name == entry.name or (
+                head.dtype, head.shape, head.nbytes, head.sha256) != (
+                entry.dtype, entry.shape, entry.nbytes, entry.sha256):
+            return entry.name
+    return None
 
 
 def _no_constant(name: str) -> Any:
