@@ -38,6 +38,7 @@ __all__ = ["main", "cli"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+_TRANSFERS = "ckptport.transfers"  # ``ctx.meta``: the command's ``remote.Transfers``
 
 
 class Terminated(BaseException):
@@ -50,7 +51,7 @@ def _on_sigterm(signum: int, frame: Any) -> NoReturn:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
-        from .remote import meter
+        from .remote import Timeout, Transfers, meter
 
         meter.reset()  # the bytes this command transfers, for its report
         debug = os.environ.get("CKPTPORT_DEBUG") == "1"
@@ -59,6 +60,9 @@ class _Group(click.Group):
         # a command is one short process: the cyclic collector's passes over a tree of
         # millions of small objects cost more than anything they could free
         try:
+            spec = ctx.params.get("remote_timeout")
+            # one clock over every transfer of the command, handed to each URL it reads
+            ctx.meta[_TRANSFERS] = Transfers(Timeout.parse(spec) if spec else None)
             with paused_gc():
                 return super().invoke(ctx)
         except CkptportError as exc:
@@ -118,7 +122,7 @@ class _Location(click.ParamType):
                 ) -> Any:
         from .remote import location
 
-        return location(value)
+        return location(value, ctx.meta.get(_TRANSFERS) if ctx is not None else None)
 
 
 LOCATION = _Location()
@@ -237,7 +241,11 @@ def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckptport")
-def cli() -> None:
+@click.option("--remote-timeout", metavar="SPEC",
+              help="Deadlines of remote reads, in seconds: the command's total (a number), "
+                   "or NAME=SECONDS pairs of total, request, connect, read (default "
+                   "total=3600,request=300,connect=30,read=60, or CKPTPORT_REMOTE_TIMEOUT).")
+def cli(remote_timeout: str | None) -> None:
     """Make PyTorch checkpoints portable: read without running code, normalize,
     write .pth or .safetensors that load anywhere, bit-identical.
 

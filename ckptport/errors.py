@@ -23,6 +23,7 @@ __all__ = [
     "InputError",
     "UnsafeCheckpointError",
     "CodeArchiveError",
+    "DeadlineError",
     "OptionError",
     "SelectionError",
     "StateDictMismatchError",
@@ -113,6 +114,11 @@ class UnsafeCheckpointError(InputError):
 
 class CodeArchiveError(InputError):
     """A TorchScript or torch.package archive: loading it runs the code it carries."""
+
+
+class DeadlineError(InputError, TimeoutError):
+    """A remote peer did not answer within its deadline (``remote.deadline``); callers may
+    catch it as the standard ``TimeoutError``."""
 
 
 class OptionError(CkptportError):

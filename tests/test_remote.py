@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from ckptport.errors import InputError
 from ckptport.remote import location, meter
 from ckptport.remote.urls import parse_url
 from fixtures.servers import HubRepo, ObjectServer
@@ -238,7 +239,7 @@ def test_http_faults(server, run, tmp_path, monkeypatch, fault, count, message):
     """Transient faults are retried to success; persistent ones are one line, exit 2."""
     monkeypatch.setattr("ckptport.remote.fetching.BACKOFF", 0.01)
     if fault == "stall":  # the answer comes later than the client waits: timed out, retried
-        monkeypatch.setattr("ckptport.remote.http.TIMEOUT", 0.5)
+        monkeypatch.setenv("CKPTPORT_REMOTE_TIMEOUT", "read=0.5")
     server.reset()
     server.faults[fault] = count
     out = tmp_path / "out.safetensors"
@@ -252,6 +253,125 @@ def test_http_faults(server, run, tmp_path, monkeypatch, fault, count, message):
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"{server.url}/model.pth" in result.stderr and message in result.stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# every hostile peer, with a deadline small enough for a test: (fault, timeout, message)
+HOSTILE = [
+    ("drip_headers", "request=0.5", "no complete answer within 0.5 s"),
+    ("drip_body", "request=0.5", "no complete answer within 0.5 s"),
+    ("drip_body", "total=0.5,request=30", "total deadline of 0.5 s"),
+    ("silent", "request=0.5", "no complete answer within 0.5 s"),  # read=60: one wait, cut
+    ("silent", "request=0.5,read=0.1", "no complete answer within 0.5 s"),  # retries count
+    ("stall", "request=0.5,read=0.1", "no complete answer within 0.5 s"),
+    ("bad_length", "request=30", "in a body of Content-Length '"),  # refused before it
+    ("long_length", "request=30", "in a body of 1001 bytes"),  # is read
+]
+
+
+@pytest.mark.parametrize(("fault", "timeout", "message"), HOSTILE)
+def test_slow_or_lying_peers_end_on_time(server, run, tmp_path, monkeypatch, fault, timeout,
+                                         message):
+    """A peer that drips, never answers or lies about a length: one line naming the URL
+    and the deadline, exit 2, nothing written; the message says which budget to raise.
+    A socket timeout alone (60 s per read) would wait forever on each of these."""
+    monkeypatch.setattr("ckptport.remote.fetching.BACKOFF", 0.01)
+    server.reset()
+    server.faults[fault] = -1
+    out = tmp_path / "out.safetensors"
+    for args in (("inspect", server.url + "/model.pth"),
+                 ("normalize", server.url + "/model.pth", out, "-q")):
+        result = run("--remote-timeout", timeout, *args)
+        assert result.exit_code == 2, result.stdout
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert f"{server.url}/model.pth: " in result.stderr and message in result.stderr
+    server.reset()
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("bad_length", "asked for 1000 bytes, the server announces 1000x"),
+    ("long_length", "asked for 1000 bytes, the server announces 2000"),
+])
+def test_a_range_length_is_checked_before_its_body_is_read(server, fault, message):
+    """After the first request: a range whose Content-Length is not the length asked for
+    is refused from its headers (on a kept-alive connection the body would never end)."""
+    server.reset()
+    file = location(server.url + "/model.pth").opened()
+    server.faults[fault] = -1
+    try:
+        with pytest.raises(InputError, match=message):
+            file.read(0, 1000)
+    finally:
+        server.reset()
+
+
+def test_a_deadline_is_a_timeout_error_in_python(server, monkeypatch):
+    import ckptport
+    from ckptport.remote import Timeout, Transfers
+
+    server.reset()
+    server.faults["drip_headers"] = -1
+    try:
+        url = location(server.url + "/model.pth", Transfers(Timeout(request=0.5)))
+        with pytest.raises(TimeoutError, match="within 0.5 s") as caught:
+            ckptport.read(url)
+        assert isinstance(caught.value, ckptport.CkptportError)
+    finally:
+        server.reset()
+
+
+def test_the_defaults_let_valid_transfers_finish(server, local, run, tmp_path, monkeypatch):
+    """A slow but steady peer (one byte per DRIP_SECONDS is far below any default) is
+    not what the defaults refuse: a valid object under the default deadlines is read."""
+    from ckptport.remote import Timeout
+
+    assert Timeout() == Timeout.parse("") == Timeout(connect=30, read=60, request=300,
+                                                     total=3600)
+    monkeypatch.setenv("CKPTPORT_REMOTE_TIMEOUT", "")
+    server.reset()
+    out = tmp_path / "o.safetensors"
+    result = run("normalize", server.url + "/model.pth", out, "-q")
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize(("spec", "want"), [
+    ("900", {"total": 900}), ("total=7200,request=600", {"total": 7200, "request": 600}),
+    (" read = 5 , connect=2 ", {"read": 5, "connect": 2}),
+])
+def test_remote_timeout_spec(spec, want):
+    from dataclasses import replace
+
+    from ckptport.remote import Timeout
+
+    assert Timeout.parse(spec) == replace(Timeout(), **want)
+
+
+@pytest.mark.parametrize("spec", ["0", "-1", "nan", "inf", "total=", "wait=5", "5s"])
+def test_bad_remote_timeout_is_one_line(spec, run, monkeypatch):
+    result = run("--remote-timeout", spec, "inspect", "http://127.0.0.1:9/x.pth")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "remote timeout" in result.stderr
+    monkeypatch.setenv("CKPTPORT_REMOTE_TIMEOUT", spec)
+    result = run("inspect", "http://127.0.0.1:9/x.pth")
+    assert result.exit_code == 2 and "remote timeout" in result.stderr
+
+
+def test_a_library_call_is_waited_for_until_the_deadline_only():
+    """huggingface_hub's and boto3's requests hold their own sockets: ``bounded`` stops
+    waiting at the deadline (the call's thread ends on its own socket timeouts)."""
+    import threading
+
+    from ckptport.errors import DeadlineError
+    from ckptport.remote import Timeout, Transfers
+    from ckptport.remote.deadline import bounded
+
+    transfers, never = Transfers(Timeout(request=0.2)), threading.Event()
+    with pytest.raises(DeadlineError, match="within 0.2 s"):
+        bounded(lambda: never.wait(10), transfers, transfers.request_ends(), "s3://b/k")
+    never.set()
+    assert bounded(lambda: 7, transfers, transfers.request_ends(), "s3://b/k") == 7
+    with pytest.raises(KeyError):
+        bounded(lambda: {}["x"], transfers, transfers.request_ends(), "s3://b/k")
 
 
 def test_object_changed_mid_read(server, run, tmp_path):

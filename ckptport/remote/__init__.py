@@ -21,12 +21,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
+from .deadline import Timeout, Transfers
 from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, redact
 
-__all__ = ["RemotePath", "RemoteURL", "is_remote", "location", "parse_url", "redact", "target"]
+__all__ = ["RemotePath", "RemoteURL", "Timeout", "Transfers", "is_remote", "location",
+           "parse_url", "redact", "target"]
 
-def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
-    """A local ``Path``, or a ``RemotePath`` for a URL: the one place paths are told apart."""
+
+def location(raw: str | os.PathLike[str], transfers: Transfers | None = None
+             ) -> Path | RemotePath:
+    """A local ``Path``, or a ``RemotePath`` for a URL: the one place paths are told apart.
+
+    ``transfers`` is the command's clock over its remote transfers (one per command,
+    shared by every URL it reads); by default a new one over ``Timeout.from_env()``."""
     if isinstance(raw, (Path, RemotePath)):
         return raw
     text = os.fspath(raw)
@@ -34,7 +41,7 @@ def location(raw: str | os.PathLike[str]) -> Path | RemotePath:
         return Path(text)
     from .objects import open_remote
 
-    return RemotePath(parse_url(text), opener=open_remote)
+    return RemotePath(parse_url(text), opener=open_remote, transfers=transfers)
 
 
 def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
@@ -70,4 +77,5 @@ def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
     if not chosen:
         raise InputError("is a repository folder with no checkpoint in it (no *.index.json "
                          f"shard index, no {' or '.join(weight_files)})", path)
-    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins, path.opener)
+    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins, path.opener,
+                      path.transfers)

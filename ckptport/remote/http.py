@@ -14,6 +14,16 @@ which later ranges go to directly (and back through the original URL if
 that signed location expires). Every range sends ``If-Match`` with the
 pinned ETag and is checked: status 206, the ``Content-Range`` asked for,
 the pinned total size and ETag, a body of exactly the length asked for.
+
+Every request runs under an alarm at its deadline (``deadline.Transfers``:
+its own budget and the command's total): connecting and each socket read
+wait at most ``Timeout.connect`` / ``Timeout.read`` and never past the
+deadline, and when the deadline passes the watchdog shuts the request's
+socket down, so a peer that drips its headers or its body one byte at a time
+is cut off on time. A body's length is checked before it is read: a range's
+``Content-Length`` must be the length asked for, and a body ckptport does not
+need (the first request's byte, a redirect's page, an error's text) is read
+only when it announces at most 64 KiB; otherwise the connection is dropped.
 """
 
 from __future__ import annotations
@@ -23,18 +33,21 @@ import http.client
 import re
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 from urllib.parse import unquote, urljoin, urlsplit
 
-from ..errors import InputError
+from ..errors import DeadlineError, InputError
 from . import meter
-from .fetching import NotFound, Transient, retrying
+from .deadline import Transfers, armed
+from .fetching import NotFound, Transient, pieces, retrying
 from .urls import RemotePath
 
 __all__ = ["HttpObject", "open_http"]
 
-TIMEOUT = 60.0  # seconds without a byte before a connection counts as dropped
 MAX_REDIRECTS = 10
+SMALL_BODY = 1 << 16  # bodies ckptport does not need are read up to this size, else dropped
+T = TypeVar("T")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
@@ -46,15 +59,15 @@ def open_http(path: RemotePath) -> HttpObject:
         pair = f"{unquote(user)}:{unquote(password)}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
     target = f"{url.scheme}://{url.host}/{url.key}" + (f"?{url.query}" if url.query else "")
-    return HttpObject(path, target, headers)
+    return HttpObject(path, target, headers, path.transfers)
 
 
 class HttpObject:
     """One object behind a URL, pinned at the first request, read by range."""
 
     def __init__(self, path: RemotePath, target: str, headers: Mapping[str, str],
-                 expect: Mapping[str, str] | None = None) -> None:
-        self.path, self.target = path, target
+                 transfers: Transfers, expect: Mapping[str, str] | None = None) -> None:
+        self.path, self.target, self.transfers = path, target, transfers
         self.auth_host = urlsplit(target).netloc  # credentials go to this host only
         self.headers = dict(headers)
         self.expect = dict(expect or {})  # headers every answer must carry (X-Repo-Commit)
@@ -64,46 +77,79 @@ class HttpObject:
         self._lock = threading.Lock()
         self.etag: str | None = None
         self.size = -1
-        self.size, self.etag, self.location = retrying(self._pin, path)
+        self.size, self.etag, self.location = retrying(self._pin, path, transfers)
         self.version = self.etag or f"size:{self.size}"
         meter.add(0, requests=0, objects=1)
 
+    def _attempt(self, ends: float, work: Callable[[], T]) -> T:
+        """``work()`` (one try of one request) under an alarm at ``ends``: its sockets are
+        shut down when time is up, and what fails then is the deadline."""
+        with armed(ends) as alarm:
+            self._local.alarm, self._local.ends = alarm, ends
+            try:
+                return work()
+            except (Transient, InputError):
+                if alarm.fired:
+                    raise self.transfers.expired(ends, self.path) from None
+                raise
+            finally:
+                self._local.alarm = None
+                if alarm.fired:
+                    self._drop()
+
     # -- the first request
 
-    def _pin(self) -> tuple[int, str | None, str]:
+    def _pin(self, ends: float) -> tuple[int, str | None, str]:
+        return self._attempt(ends, self._pin_answer)
+
+    def _pin_answer(self) -> tuple[int, str | None, str]:
         response, where = self._request(self.target, {"Range": "bytes=0-0"})
         try:
-            status = response.status
-            if status == 416:  # an empty object has no byte 0
-                total = _total(response.getheader("Content-Range"))
-                if total == 0:
-                    return 0, response.getheader("ETag"), where
-            self._refuse(status, response)
-            if status == 200:
-                raise InputError("the server ignores Range requests (it answered 200 with the "
-                                 "whole object); ckptport reads remote objects by range only",
-                                 self.path)
-            if status != 206:
-                raise InputError(f"unexpected HTTP {status} {response.reason}", self.path)
-            match = _CONTENT_RANGE.fullmatch(response.getheader("Content-Range") or "")
-            if not match or match.group(3) == "*" or match.group(1) != "0":
-                raise InputError("the server answered a range request with Content-Range "
-                                 f"{response.getheader('Content-Range')!r}", self.path)
-            try:
-                body = response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop()
-                raise Transient("the answer ended early (truncated, or the connection broke: "
-                                f"{type(exc).__name__})") from None
-            meter.add(len(body), requests=0)
-            return int(match.group(3)), response.getheader("ETag"), where
-        finally:
-            self._finish(response)
+            pinned = self._pinned(response, where)
+        except BaseException:
+            self._drop()  # a refused answer's body is never waited for
+            raise
+        self._finish(response)
+        return pinned
+
+    def _pinned(self, response: http.client.HTTPResponse, where: str
+                ) -> tuple[int, str | None, str]:
+        """The size, ETag and location from the first answer (its one byte read)."""
+        status = response.status
+        if status == 416:  # an empty object has no byte 0
+            total = _total(response.getheader("Content-Range"))
+            if total == 0:
+                return 0, response.getheader("ETag"), where
+        self._refuse(status, response)
+        if status == 200:
+            raise InputError("the server ignores Range requests (it answered 200 with the "
+                             "whole object); ckptport reads remote objects by range only",
+                             self.path)
+        if status != 206:
+            raise InputError(f"unexpected HTTP {status} {response.reason}", self.path)
+        match = _CONTENT_RANGE.fullmatch(response.getheader("Content-Range") or "")
+        if not match or match.group(3) == "*" or match.group(1) != "0":
+            raise InputError("the server answered a range request with Content-Range "
+                             f"{response.getheader('Content-Range')!r}", self.path)
+        sent = int(match.group(2)) + 1
+        if response.length != sent or sent > SMALL_BODY:
+            raise InputError(f"the server answered a one-byte range request with bytes "
+                             f"0-{sent - 1} in a body of {_announced(response)}", self.path)
+        try:
+            body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
+            raise Transient("the answer ended early (truncated, or the connection broke: "
+                            f"{type(exc).__name__})") from None
+        meter.add(len(body), requests=0)
+        return int(match.group(3)), response.getheader("ETag"), where
 
     # -- ranges
 
     def fetch_into(self, offset: int, buffer: memoryview) -> None:
-        retrying(lambda: self._range(offset, buffer), self.path)
+        for start, piece in pieces(offset, buffer):
+            retrying(lambda ends, start=start, piece=piece: self._attempt(  # type: ignore[misc]
+                ends, lambda: self._range(start, piece)), self.path, self.transfers)
 
     def _range(self, offset: int, buffer: memoryview) -> None:
         end = offset + len(buffer) - 1
@@ -124,8 +170,10 @@ class HttpObject:
                 raise InputError(f"unexpected HTTP {status} {response.reason}", self.path)
             self._check(response, offset, end)
             self._body(response, buffer)
-        finally:
-            self._finish(response)
+        except BaseException:
+            self._drop()  # a refused answer's body is never waited for
+            raise
+        self._finish(response)
 
     def _check(self, response: http.client.HTTPResponse, offset: int, end: int) -> None:
         got = response.getheader("Content-Range") or ""
@@ -165,7 +213,9 @@ class HttpObject:
 
     def current_version(self) -> str | None:
         try:
-            size, etag, _ = self._pin()
+            size, etag, _ = self._pin(self.transfers.request_ends())
+        except DeadlineError:
+            raise
         except (InputError, Transient):
             return None
         return etag or f"size:{size}"
@@ -182,13 +232,12 @@ class HttpObject:
                                   parts.path + (f"?{parts.query}" if parts.query else ""), sent)
             location = response.getheader("Location")
             if response.status in (301, 302, 303, 307, 308) and location:
-                response.read()
                 self._finish(response)
                 url = urljoin(url, location)
                 continue
             for name, value in self.expect.items():
                 if response.status < 300 and response.getheader(name) not in (None, value):
-                    self._finish(response)
+                    self._drop()
                     raise InputError(f"the server answered with {name} "
                                      f"{response.getheader(name)}, expected {value}", self.path)
             return response, url
@@ -197,8 +246,14 @@ class HttpObject:
     def _send(self, scheme: str, netloc: str, target: str, headers: Mapping[str, str]
               ) -> http.client.HTTPResponse:
         connection = self._connection(scheme, netloc)
+        ends, budget = self._local.ends, self.transfers.timeout
         meter.add(0)
         try:
+            if connection.sock is None:
+                connection.timeout = self.transfers.wait(ends, budget.connect)
+                connection.connect()
+            connection.sock.settimeout(self.transfers.wait(ends, budget.read))
+            self._local.alarm.watch(connection.sock)
             connection.request("GET", target or "/", headers=dict(headers))
             return connection.getresponse()
         except socket.gaierror:
@@ -215,7 +270,7 @@ class HttpObject:
             return held[1]
         self._drop()
         kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        connection = kind(netloc, timeout=TIMEOUT)
+        connection = kind(netloc, timeout=self.transfers.timeout.connect)
         self._local.connection = ((scheme, netloc), connection)
         with self._lock:
             self._connections.append(connection)
@@ -224,7 +279,7 @@ class HttpObject:
     def _finish(self, response: http.client.HTTPResponse) -> None:
         """Keep the connection for the next request only if this answer was read whole."""
         if not response.isclosed():
-            if response.length is not None and response.length <= 1 << 16:
+            if response.length is not None and response.length <= SMALL_BODY:
                 try:
                     response.read()
                     return
@@ -267,6 +322,15 @@ class HttpObject:
 def _total(content_range: str | None) -> int | None:
     match = re.fullmatch(r"bytes \*/(\d+)", content_range or "")
     return int(match.group(1)) if match else None
+
+
+def _announced(response: http.client.HTTPResponse) -> str:
+    if response.chunked:
+        return "chunks of no announced length"
+    length = response.getheader("Content-Length")
+    if length is None:
+        return "no announced length"
+    return f"{length} bytes" if length.isdigit() else f"Content-Length {length!r}"
 
 
 def _retry_after(response: http.client.HTTPResponse) -> float | None:

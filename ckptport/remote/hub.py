@@ -9,7 +9,9 @@ mix two commits: every file of one command is read at the commit its
 first file resolved to, and every answer must carry that commit
 (``X-Repo-Commit``). The token goes to the hub's host only, never to the
 CDN it redirects to. ``HF_ENDPOINT`` (read when a source is opened) points
-everything at a mirror or a local server.
+everything at a mirror or a local server. The revision lookup is
+huggingface_hub's own request: it is waited for within the request deadline
+(``deadline.bounded``), its sockets bounded by ``Timeout.read``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import InputError
+from ..errors import DeadlineError, InputError
+from .deadline import bounded
 from .fetching import NotFound, missing_extra
 from .http import HttpObject
 from .urls import RemotePath, redact
@@ -46,8 +49,14 @@ def _revision(path: RemotePath) -> Any:
     if pin not in path.pins:
         hub = _hub()
         api = hub.HfApi(endpoint=_endpoint(), token=hub.get_token() or False)
+        transfers = path.transfers
         try:
-            info = api.repo_info(url.host, revision=url.revision, repo_type=url.repo_type)
+            info = bounded(lambda: api.repo_info(url.host, revision=url.revision,
+                                                 repo_type=url.repo_type,
+                                                 timeout=transfers.timeout.read),
+                           transfers, transfers.request_ends(), path)
+        except DeadlineError:
+            raise
         except Exception as exc:  # the library's errors name the cause; keep its first line
             raise _refusal(exc, path) from None
         if not isinstance(getattr(info, "sha", None), str):
@@ -80,4 +89,4 @@ def open_hub(path: RemotePath) -> HttpObject:
     target = hub.hf_hub_url(url.host, url.key, repo_type=url.repo_type, revision=commit,
                             endpoint=_endpoint())
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return HttpObject(path, target, headers, expect={"X-Repo-Commit": commit})
+    return HttpObject(path, target, headers, path.transfers, expect={"X-Repo-Commit": commit})

@@ -7,7 +7,10 @@ server. ``HeadObject`` pins the object's size, ETag and version id; every
 ``GetObject`` asks for one byte range with ``IfMatch`` (and ``VersionId``
 on a versioned bucket), so a rewritten object is an error, never a mix.
 botocore retries throttling and 5xx itself; a body cut short is retried
-here like any other transient fault.
+here like any other transient fault. botocore holds the sockets, bounded by
+``Timeout.connect`` and ``Timeout.read``; each call is waited for within the
+request's deadline (``deadline.bounded``), and a body still arriving at the
+deadline is abandoned (its thread writes nothing more).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import functools
 import threading
 from typing import Any
 
-from ..errors import InputError
+from ..errors import DeadlineError, InputError
 from . import meter
-from .fetching import ATTEMPTS, NotFound, Transient, missing_extra, retrying
+from .deadline import Timeout, bounded
+from .fetching import ATTEMPTS, NotFound, Transient, missing_extra, pieces, retrying
 from .urls import RemotePath, redact
 
 __all__ = ["open_s3", "S3Object"]
@@ -27,7 +31,7 @@ _lock = threading.Lock()
 
 
 @functools.cache
-def _client(endpoint: str | None) -> Any:
+def _client(endpoint: str | None, timeout: Timeout) -> Any:
     """One client per endpoint (boto3 clients are thread-safe; building one is slow)."""
     try:
         import boto3
@@ -35,7 +39,8 @@ def _client(endpoint: str | None) -> Any:
     except ImportError:
         raise missing_extra("s3") from None
     config = Config(retries={"max_attempts": ATTEMPTS, "mode": "standard"},
-                    max_pool_connections=64)
+                    max_pool_connections=64, connect_timeout=timeout.connect,
+                    read_timeout=timeout.read)
     with _lock:
         return boto3.session.Session().client("s3", config=config)
 
@@ -44,50 +49,68 @@ def open_s3(path: RemotePath) -> S3Object:
     import os
 
     return S3Object(path, _client(os.environ.get("AWS_ENDPOINT_URL_S3")
-                                  or os.environ.get("AWS_ENDPOINT_URL")))
+                                  or os.environ.get("AWS_ENDPOINT_URL"),
+                                  path.transfers.timeout))
 
 
 class S3Object:
     """One S3 object at the version its ``HeadObject`` found."""
 
     def __init__(self, path: RemotePath, client: Any) -> None:
-        self.path, self.client = path, client
+        self.path, self.client, self.transfers = path, client, path.transfers
         self.bucket, self.key = path.url.host, path.url.key
         if not self.key or self.key.endswith("/"):
             raise InputError("names a folder; folder mode reads local folders only: name a "
                              "checkpoint file or a *.index.json", path)
-        head = retrying(lambda: self._call("head_object"), path)
+        head = retrying(lambda ends: self._call("head_object", ends), path, self.transfers)
         self.size = int(head["ContentLength"])
         self.etag: str = head.get("ETag", "")
         self.version_id: str | None = head.get("VersionId")
         self.version = self.version_id or self.etag
         meter.add(0, objects=1)
 
-    def _call(self, operation: str, **extra: Any) -> Any:
+    def _call(self, operation: str, ends: float, **extra: Any) -> Any:
         pinned = {"VersionId": self.version_id} if getattr(self, "version_id", None) else {}
         meter.add(0)
         try:
-            return getattr(self.client, operation)(Bucket=self.bucket, Key=self.key,
-                                                   **pinned, **extra)
+            return bounded(lambda: getattr(self.client, operation)(
+                Bucket=self.bucket, Key=self.key, **pinned, **extra),
+                self.transfers, ends, self.path)
+        except DeadlineError:
+            raise
         except Exception as exc:
             raise _refusal(exc, self.path) from None
 
     def fetch_into(self, offset: int, buffer: memoryview) -> None:
-        retrying(lambda: self._range(offset, buffer), self.path)
+        for start, piece in pieces(offset, buffer):
+            retrying(lambda ends, start=start, piece=piece: self._range(  # type: ignore[misc]
+                start, piece, ends), self.path, self.transfers)
 
-    def _range(self, offset: int, buffer: memoryview) -> None:
+    def _range(self, offset: int, buffer: memoryview, ends: float) -> None:
         end = offset + len(buffer) - 1
-        answer = self._call("get_object", Range=f"bytes={offset}-{end}",
+        answer = self._call("get_object", ends, Range=f"bytes={offset}-{end}",
                             **({"IfMatch": self.etag} if self.etag else {}))
         got = answer.get("ContentRange", "")
         if got.split("/")[0] != f"bytes {offset}-{end}":
             raise InputError(f"asked for bytes {offset}-{end}, S3 sent Content-Range {got!r}",
                              self.path)
-        body, done = answer["Body"], 0
+        late = threading.Event()  # the deadline passed: the body's thread stops writing
+        try:
+            done = bounded(lambda: self._body(answer["Body"], buffer, late), self.transfers,
+                           ends, self.path)
+        except DeadlineError:
+            late.set()
+            raise
+        meter.add(done, requests=0)
+        if done < len(buffer):
+            raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated)")
+
+    def _body(self, body: Any, buffer: memoryview, late: threading.Event) -> int:
+        done = 0
         try:
             while done < len(buffer):
                 piece = body.read(min(len(buffer) - done, 1 << 20))
-                if not piece:
+                if not piece or late.is_set():
                     break
                 buffer[done:done + len(piece)] = piece
                 done += len(piece)
@@ -97,13 +120,14 @@ class S3Object:
                             f"({type(exc).__name__})") from None
         finally:
             body.close()
-        meter.add(done, requests=0)
-        if done < len(buffer):
-            raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated)")
+        return done
 
     def current_version(self) -> str | None:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self.key)
+            head = bounded(lambda: self.client.head_object(Bucket=self.bucket, Key=self.key),
+                           self.transfers, self.transfers.request_ends(), self.path)
+        except DeadlineError:
+            raise
         except Exception:
             return None
         return head.get("VersionId") or head.get("ETag", "")

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import InputError
+from .deadline import Transfers
 
 __all__ = ["RemoteURL", "RemotePath", "Opened", "is_remote", "parse_url", "redact", "SCHEMES"]
 
@@ -159,9 +160,12 @@ class RemotePath:
     """A remote object's location, usable where the commands hold a source ``Path``."""
 
     def __init__(self, url: RemoteURL, pins: dict[Any, Any] | None = None,
-                 opener: Callable[[RemotePath], Opened] | None = None) -> None:
+                 opener: Callable[[RemotePath], Opened] | None = None,
+                 transfers: Transfers | None = None) -> None:
         self.url = url
         self.opener = opener  # how the object is opened (``remote.objects.open_remote``)
+        # the command's deadlines, shared with the objects next to it (``deadline``)
+        self.transfers = transfers if transfers is not None else Transfers()
         # what the first request pinned (a hub revision's commit), shared with the
         # objects next to it (the shards an index names), so they are read at one commit
         self.pins: dict[Any, Any] = {} if pins is None else pins
@@ -195,10 +199,10 @@ class RemotePath:
 
     @property
     def parent(self) -> RemotePath:
-        return RemotePath(self.url.child(""), self.pins, self.opener)
+        return RemotePath(self.url.child(""), self.pins, self.opener, self.transfers)
 
     def __truediv__(self, name: str) -> RemotePath:
-        return RemotePath(self.url.child(name), self.pins, self.opener)
+        return RemotePath(self.url.child(name), self.pins, self.opener, self.transfers)
 
     def is_dir(self) -> bool:
         return False  # folder mode is local; a remote folder is refused where it is opened
