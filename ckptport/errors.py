@@ -4,14 +4,47 @@ Every failure caused by the input, the options or the output location is a
 ``CkptportError``. The CLI catches the base class in one place and turns it
 into a single line on stderr and an exit code, so a CI job never sees a
 traceback for a bad file and never sees exit 0 for a failure.
+
+Each error is also the standard exception it is, so Python callers catch
+ours or the one they already know (``except FileNotFoundError`` catches
+"no such file"; an ``OSError`` one carries ``errno``, ``strerror`` and
+``filename`` as ``open()``'s do)::
+
+    CkptportError
+    ├── InputError                    the source cannot be read
+    │   ├── InputNotFoundError        + FileNotFoundError
+    │   ├── InputIsADirectoryError    + IsADirectoryError
+    │   ├── InputPermissionError      + PermissionError
+    │   ├── InputOSError              + OSError (any other failed read)
+    │   ├── UnsafeCheckpointError     + pickle.UnpicklingError (what torch.load's
+    │   │                               weights_only raises for the same file)
+    │   ├── CodeArchiveError          TorchScript / torch.package: loading runs code
+    │   └── DeadlineError             + TimeoutError (a remote peer did not answer in time)
+    ├── OptionError                   + ValueError
+    ├── SelectionError                + KeyError
+    ├── RuleError                     + ValueError
+    ├── StateDictMismatchError        + RuntimeError (what load_state_dict raises)
+    ├── OutputError                   the destination cannot be written
+    │   ├── OutputExistsError         + FileExistsError
+    │   ├── OutputNotFoundError       + FileNotFoundError (its folder does not exist)
+    │   ├── OutputIsADirectoryError   + IsADirectoryError
+    │   ├── OutputPermissionError     + PermissionError
+    │   └── OutputOSError             + OSError (disk full, any other failed write)
+    └── VerificationError             the written file does not read back as meant
+
+A corrupt or unrecognized source is a plain ``InputError``: no standard
+exception says "these bytes are not a checkpoint".
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import os
+import pickle
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from .escape import printable
 
@@ -21,6 +54,10 @@ __all__ = [
     "EXIT_ERROR",
     "CkptportError",
     "InputError",
+    "InputNotFoundError",
+    "InputIsADirectoryError",
+    "InputPermissionError",
+    "InputOSError",
     "UnsafeCheckpointError",
     "CodeArchiveError",
     "DeadlineError",
@@ -29,12 +66,19 @@ __all__ = [
     "StateDictMismatchError",
     "RuleError",
     "OutputError",
+    "OutputExistsError",
+    "OutputNotFoundError",
+    "OutputIsADirectoryError",
+    "OutputPermissionError",
+    "OutputOSError",
     "VerificationError",
 ]
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
+
+E = TypeVar("E", bound="CkptportError")
 
 
 class CkptportError(Exception):
@@ -45,6 +89,8 @@ class CkptportError(Exception):
     """
 
     exit_code = EXIT_ERROR
+    #: for the ``OSError`` members: the ``errno`` a caller may compare (EACCES, ENOENT, …)
+    os_errno: int | None = None
 
     def __init__(self, message: str, path: str | os.PathLike[str] | None = None, *,
                  dangerous: tuple[str, ...] = (),
@@ -57,13 +103,34 @@ class CkptportError(Exception):
         self.dangerous = dangerous
         self.spellings = MappingProxyType(dict(spellings))
         super().__init__(self.line())
+        self._fill_os_fields()
+
+    def __str__(self) -> str:
+        """The line, for every member (``OSError``'s and ``KeyError``'s own would differ)."""
+        return self.line()
+
+    def _fill_os_fields(self) -> None:
+        """``errno``, ``strerror`` and ``filename`` for the members that are OSErrors."""
+        if isinstance(self, OSError):
+            failure: OSError = self  # OSError's own fields, not new ones of ours
+            failure.errno, failure.strerror = self.os_errno, self.message
+            failure.filename = self.path
+
+    def caused_by(self: E, exc: OSError) -> E:
+        """This error, keeping the ``errno`` of the OS failure it reports (for the members
+        whose standard exception is ``OSError`` itself)."""
+        self.os_errno = exc.errno
+        self._fill_os_fields()
+        return self
 
     def __copy__(self) -> CkptportError:
         """A copy by fields: subclasses take other constructor arguments than ``args``."""
-        made = type(self).__new__(type(self))
-        made.__dict__.update(self.__dict__)
-        made.args = self.args
-        return made
+        return _rebuilt(type(self), self.__dict__)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by fields too (a folder's workers send errors back to the parent);
+        ``OSError``'s own reduce would call the constructor with (errno, strerror)."""
+        return _rebuilt, (type(self), {**self.__dict__, "spellings": dict(self.spellings)})
 
     def at(self, path: str | os.PathLike[str]) -> CkptportError:
         """This error naming ``path``, if it named no file yet (a new error; this one
@@ -73,6 +140,7 @@ class CkptportError(Exception):
         made = copy.copy(self)
         made.path = os.fspath(path)
         made.args = (made.line(),)
+        made._fill_os_fields()
         return made
 
     def naming(self, dangerous: tuple[str, ...], spellings: Mapping[str, str]) -> CkptportError:
@@ -92,18 +160,43 @@ class InputError(CkptportError):
     """The source cannot be read: missing, corrupt, truncated, unrecognized."""
 
     @classmethod
-    def from_os_error(cls, exc: OSError, path: str | os.PathLike[str]) -> InputError:
-        """The cause in the words users search for, not errno prose."""
+    def from_os_error(cls, exc: OSError, path: str | os.PathLike[str]) -> CkptportError:
+        """The cause in the words users search for, not errno prose, as the standard
+        exception it is (one of ours passes through as raised)."""
+        if isinstance(exc, CkptportError):
+            return exc
         if isinstance(exc, FileNotFoundError):
-            return cls("no such file", path)
+            return InputNotFoundError("no such file", path)
         if isinstance(exc, IsADirectoryError):
-            return cls("is a directory, not a checkpoint file", path)
+            return InputIsADirectoryError("is a directory, not a checkpoint file", path)
         if isinstance(exc, PermissionError):
-            return cls("permission denied", path)
-        return cls(f"cannot read: {exc.strerror or exc}", path)
+            return InputPermissionError("permission denied", path)
+        return InputOSError(f"cannot read: {exc.strerror or exc}", path).caused_by(exc)
 
 
-class UnsafeCheckpointError(InputError):
+class InputNotFoundError(InputError, FileNotFoundError):
+    """No file at the source's path."""
+
+    os_errno = errno.ENOENT
+
+
+class InputIsADirectoryError(InputError, IsADirectoryError):
+    """A folder where a checkpoint file was meant."""
+
+    os_errno = errno.EISDIR
+
+
+class InputPermissionError(InputError, PermissionError):
+    """The source may not be read by this user."""
+
+    os_errno = errno.EACCES
+
+
+class InputOSError(InputError, OSError):
+    """The operating system failed a read (an I/O error, a stale handle)."""
+
+
+class UnsafeCheckpointError(InputError, pickle.UnpicklingError):
     """The source needs globals that ckptport will not run without ``--trust``."""
 
     def __init__(self, path: str | os.PathLike[str] | None, globals_: tuple[str, ...],
@@ -120,20 +213,22 @@ class DeadlineError(InputError, TimeoutError):
     """A remote peer did not answer within its deadline (``remote.deadline``); callers may
     catch it as the standard ``TimeoutError``."""
 
+    os_errno = errno.ETIMEDOUT
 
-class OptionError(CkptportError):
+
+class OptionError(CkptportError, ValueError):
     """An option's value is not one ckptport can use (a code, a ratio, a manifest's options)."""
 
 
-class SelectionError(CkptportError):
+class SelectionError(CkptportError, KeyError):
     """``--select`` names something the checkpoint does not hold."""
 
 
-class RuleError(CkptportError):
+class RuleError(CkptportError, ValueError):
     """A normalize rule cannot apply without losing data (e.g. two keys collide)."""
 
 
-class StateDictMismatchError(CkptportError):
+class StateDictMismatchError(CkptportError, RuntimeError):
     """``load_into``: the checkpoint's keys do not match the model's."""
 
 
@@ -141,5 +236,44 @@ class OutputError(CkptportError):
     """The destination cannot be written: exists, is the source, disk full."""
 
 
+class OutputExistsError(OutputError, FileExistsError):
+    """The destination exists and ``--overwrite`` was not given."""
+
+    os_errno = errno.EEXIST
+
+
+class OutputNotFoundError(OutputError, FileNotFoundError):
+    """The folder the destination would be written in does not exist."""
+
+    os_errno = errno.ENOENT
+
+
+class OutputIsADirectoryError(OutputError, IsADirectoryError):
+    """A folder where an output file was meant."""
+
+    os_errno = errno.EISDIR
+
+
+class OutputPermissionError(OutputError, PermissionError):
+    """The destination's folder may not be written by this user."""
+
+    os_errno = errno.EACCES
+
+
+class OutputOSError(OutputError, OSError):
+    """The operating system failed a write (disk full, quota, a read-only file system)."""
+
+
 class VerificationError(CkptportError):
     """The written file does not read back as what was meant to be written."""
+
+
+def _rebuilt(cls: type[CkptportError], fields: dict[str, Any]) -> CkptportError:
+    """An error of ``cls`` with ``fields``, its constructor not called (subclasses take
+    other arguments than ``args``)."""
+    made = cls.__new__(cls)
+    made.__dict__.update(fields)
+    made.spellings = MappingProxyType(dict(made.spellings))
+    made.args = (made.line(),)
+    made._fill_os_fields()
+    return made

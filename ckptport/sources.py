@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from .errors import InputError, InputIsADirectoryError
 
 __all__ = ["SourceFile", "MemorySource", "open_source", "check_regular", "Snapshot",
            "sha256_files", "read_more_than_once", "rereads_expected"]
@@ -57,7 +57,7 @@ def check_regular(path: Path) -> os.stat_result:
     except OSError as exc:
         raise InputError.from_os_error(exc, path) from None
     if stat.S_ISDIR(st.st_mode):
-        raise InputError("is a directory, not a checkpoint file", path)
+        raise InputIsADirectoryError("is a directory, not a checkpoint file", path)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"is not a regular file ({_kind(st.st_mode)}); ckptport reads "
                          "checkpoint files and folders only", path)

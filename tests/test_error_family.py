@@ -3,9 +3,12 @@ escaped exceptions; options never swallow a path; what torch runs is what check 
 
 from __future__ import annotations
 
+import errno
+import importlib
 import json
 import math
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import torch
 from numpy._core.multiarray import _reconstruct, scalar
 
 import ckptport
+from ckptport import errors
 from ckptport.analysis.manifests import load_manifest
 from ckptport.errors import InputError, OptionError, UnsafeCheckpointError
 from fixtures.hostile import LEGACY_MAGIC, call, global_, text
@@ -220,3 +224,84 @@ def test_a_negative_tolerance_is_an_option_error(fx):
         ckptport.diff(fx["ddp_cuda3"], fx["ddp_cuda3"], atol=-1)
     with pytest.raises(OptionError, match="atol and rtol"):
         ckptport.check(fx["ddp_cuda3"], against=fx["ddp_cuda3"], rtol=float("nan"))
+
+
+# Errors that also speak Python: each ckptport error is also the standard exception it is.
+STANDARD = {
+    errors.InputNotFoundError: FileNotFoundError,
+    errors.InputIsADirectoryError: IsADirectoryError,
+    errors.InputPermissionError: PermissionError,
+    errors.InputOSError: OSError,
+    errors.UnsafeCheckpointError: pickle.UnpicklingError,
+    errors.DeadlineError: TimeoutError,
+    errors.OptionError: ValueError,
+    errors.SelectionError: KeyError,
+    errors.RuleError: ValueError,
+    errors.StateDictMismatchError: RuntimeError,
+    errors.OutputExistsError: FileExistsError,
+    errors.OutputNotFoundError: FileNotFoundError,
+    errors.OutputIsADirectoryError: IsADirectoryError,
+    errors.OutputPermissionError: PermissionError,
+    errors.OutputOSError: OSError,
+}
+FAMILY = [getattr(errors, name) for name in errors.__all__ if name.endswith("Error")]
+
+
+def test_the_tree_in_the_docstring_is_the_class_tree():
+    """Every class is drawn under its parent, with the standard exception it also is."""
+    drawn = {}
+    for line in errors.__doc__.splitlines():
+        found = re.match(r"^\s*[│ ]*(?:├── |└── )?(\w+Error)\b(?:\s+\+ ([\w.]+))?", line)
+        if found and hasattr(errors, found[1]):
+            depth = line.index(found[1])
+            drawn[found[1]] = (depth, found[2])
+    assert sorted(drawn) == sorted(cls.__name__ for cls in FAMILY)
+    for cls in FAMILY:
+        ours = [b for b in cls.__bases__ if issubclass(b, errors.CkptportError)]
+        theirs = [b for b in cls.__bases__ if not issubclass(b, errors.CkptportError)]
+        if cls is not errors.CkptportError:
+            assert len(ours) == 1 and drawn[ours[0].__name__][0] < drawn[cls.__name__][0]
+        spelled = drawn[cls.__name__][1]
+        if spelled:
+            module, _, name = spelled.rpartition(".")
+            standard = getattr(importlib.import_module(module or "builtins"), name)
+        assert [b for b in theirs if b is not Exception] == ([standard] if spelled else []), cls
+        assert STANDARD.get(cls) is (standard if spelled else None)
+
+
+@pytest.mark.parametrize("cls", FAMILY, ids=lambda c: c.__name__)
+def test_every_error_keeps_its_line_copied_and_pickled(cls):
+    made = (cls("p.pth", ("os.system",), "runs code") if cls is errors.UnsafeCheckpointError
+            else cls("a cause", "p.pth"))
+    for again in (pickle.loads(pickle.dumps(made)), made.at("q.pth"), made.naming(("x.y",), {})):
+        assert type(again) is cls and str(again) == str(made) == "p.pth: " + made.message
+    if isinstance(made, OSError):
+        assert (made.filename, made.strerror) == ("p.pth", made.message)
+
+
+def test_python_callers_catch_the_standard_exceptions(fx, tmp_path):
+    with pytest.raises(FileNotFoundError) as caught:
+        ckptport.read(tmp_path / "nope.pth")
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOENT, str(tmp_path / "nope.pth"))
+    with pytest.raises(FileExistsError, match="exists; pass --overwrite"):
+        ckptport.normalize_file(fx["plain"], fx["plain"].parent / "ddp_cuda3.pth")
+    with pytest.raises(FileNotFoundError) as caught:
+        ckptport.normalize_file(fx["plain"], tmp_path / "no" / "such" / "out.pth")
+    assert str(caught.value) == f"{tmp_path / 'no'}: folder does not exist"
+    with pytest.raises(pickle.UnpicklingError):
+        ckptport.read(fx["malicious_zip"])
+    model = torch.nn.Linear(3, 1)
+    with pytest.raises(RuntimeError, match="missing|unexpected|mismatch"):
+        ckptport.load_into(model, fx["plain"])
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_files_says_so_not_that_it_is_missing(fx, run, tmp_path):
+    result = run("normalize", fx["plain"], "/proc/out.pth")
+    assert result.exit_code == 2
+    assert result.stderr == ("ckptport: error: /proc: cannot create a file in this folder "
+                             "(No such file or directory); write somewhere else\n")
+    (tmp_path / "file").write_text("")
+    result = run("normalize", fx["plain"], tmp_path / "file" / "out.pth")
+    assert result.stderr == f"ckptport: error: {tmp_path / 'file'}: is a file, not a folder\n"

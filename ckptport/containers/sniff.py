@@ -17,7 +17,7 @@ import tarfile
 from typing import Any
 
 from ..checkpoint import Format
-from ..errors import InputError
+from ..errors import CkptportError, InputError
 from ..sources import SourceFile
 from ..unpickle.scan import ScanError, executes_before, scan
 
@@ -60,6 +60,8 @@ def is_tar(source: SourceFile) -> bool:
     try:
         with tarfile.open(fileobj=io.BufferedReader(SourceStream(source)), mode="r:"):
             return True
+    except CkptportError:  # the source failed a read: not an answer about its bytes
+        raise
     except (tarfile.TarError, OSError, ValueError, EOFError, UnicodeError, OverflowError):
         return False
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..errors import InputError
+from ..errors import InputError, InputNotFoundError
 
 if TYPE_CHECKING:
     from .deadline import Transfers
@@ -42,7 +42,7 @@ class Transient(Exception):
         self.wait = wait  # the server's Retry-After, when it gave one
 
 
-class NotFound(InputError):
+class NotFound(InputNotFoundError):
     """The object does not exist (404, NoSuchKey): a hub repository root tries the next name."""
 
 

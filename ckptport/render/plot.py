@@ -43,7 +43,7 @@ def plot_drift(report: DiffReport, path: str | os.PathLike[str]) -> DriftSeries:
         from matplotlib import pyplot as plt
     except ImportError:
         raise OutputError("--plot needs matplotlib: pip install 'ckptport[plot]'", path) from None
-    from ..writers.staging import staged_file
+    from ..writers.staging import os_error, staged_file
 
     series = drift_series(report)
     finite = [v for v in series.max_rel if 0 < v < math.inf]
@@ -72,7 +72,7 @@ def plot_drift(report: DiffReport, path: str | os.PathLike[str]) -> DriftSeries:
             out.sync()
             out.publish()
     except OSError as exc:
-        raise OutputError(f"cannot write: {exc.strerror or exc}", target) from exc
+        raise os_error(exc, target) from exc
     finally:
         plt.close(figure)
     return series

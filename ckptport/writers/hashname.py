@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import OutputError
+from ..errors import CkptportError, OutputError, OutputExistsError, OutputOSError
 from .plan import Destination
 from .staging import fsync_dir
 
@@ -65,13 +65,15 @@ def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
                 digest.update(chunk)
         final = _check_hub_reads(dst, digest.hexdigest())
         if final.exists() and not overwrite:
-            raise OutputError(f"{final.name} exists; pass --overwrite to replace it", dst)
+            raise OutputExistsError(f"{final.name} exists; pass --overwrite to replace it", dst)
         os.replace(written, final)
         fsync_dir(final.parent)
         return final
+    except CkptportError:
+        raise
     except OSError as exc:
-        raise OutputError(f"cannot name the output by its hash: {exc.strerror or exc}",
-                          dst) from None
+        raise OutputOSError(f"cannot name the output by its hash: {exc.strerror or exc}",
+                            dst).caused_by(exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             written.unlink()

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import OutputError
+from ..errors import OutputError, OutputExistsError, OutputIsADirectoryError
 from .formats import FORMATS, Kind, OutputFormat, by_extension
 
 __all__ = ["Destination", "plan_destination", "check_destination", "same_file", "parse_size",
@@ -130,17 +130,17 @@ def check_destination(sources: Iterable[Path], destination: Destination,
     if destination.folder:
         whole = not destination.sharded  # a folder format replaces DST whole
         if dst.exists() and not dst.is_dir():
-            raise OutputError("exists and is not a folder; this output is a folder", dst)
+            raise OutputExistsError("exists and is not a folder; this output is a folder", dst)
         for source in sources:
             if same_file(source, dst) or same_file(source.parent, dst) and whole:
                 raise OutputError(f"holds the source {source.name}; write elsewhere", dst)
         if whole and dst.exists() and not overwrite:
-            raise OutputError("exists; pass --overwrite to replace it", dst)
+            raise OutputExistsError("exists; pass --overwrite to replace it", dst)
         return
     if dst.is_dir():
-        raise OutputError("is a directory; name an output file", dst)
+        raise OutputIsADirectoryError("is a directory; name an output file", dst)
     for source in sources:
         if same_file(source, dst):
             raise OutputError(f"is the source file {source}; write somewhere else", dst)
     if (dst.exists() or dst.is_symlink()) and not overwrite:
-        raise OutputError("exists; pass --overwrite to replace it", dst)
+        raise OutputExistsError("exists; pass --overwrite to replace it", dst)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..errors import OutputError
+from ..errors import OutputError, OutputExistsError
 from ..tensors import nbytes, storage_key, view_key
 from ..tree import KEY_ALIASES, is_state_dict, is_tensor, rebuild_dict
 from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
@@ -155,8 +155,8 @@ class ShardsWriter:
         if folder.is_dir() and not overwrite:
             existing = sorted(p.name for p in folder.iterdir() if names.is_ours(p.name))
             if existing:
-                raise OutputError(f"already holds {', '.join(existing[:3])}; pass --overwrite "
-                                  "to replace the set", folder)
+                raise OutputExistsError(f"already holds {', '.join(existing[:3])}; pass "
+                                        "--overwrite to replace the set", folder)
 
     def _write_staged(self, staging: Path, state: Mapping[str, Any], groups: list[list[str]],
                       names: ShardNames, options: WriteOptions,

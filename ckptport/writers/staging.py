@@ -32,22 +32,53 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import OutputError
+from ..errors import (
+    CkptportError,
+    OutputExistsError,
+    OutputNotFoundError,
+    OutputOSError,
+    OutputPermissionError,
+)
 
 __all__ = ["StagedFile", "staged_file", "staged_folder", "publish_folder", "fsync_dir",
            "preallocate",
-           "TEMP_SUFFIX", "os_error"]
+           "TEMP_SUFFIX", "os_error", "folder_error"]
 
 TEMP_SUFFIX = ".ckptport-tmp"
 
 
-def os_error(exc: OSError, path: Path) -> OutputError:
-    """An OS failure while writing, in the words users search for."""
+def os_error(exc: OSError, path: Path) -> CkptportError:
+    """An OS failure while writing, in the words users search for, as the standard
+    exception it is (one of ours passes through as raised)."""
+    if isinstance(exc, CkptportError):
+        return exc
     if isinstance(exc, PermissionError):
-        return OutputError("permission denied", path)
+        return OutputPermissionError("permission denied", path)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return OutputError(f"cannot write: {exc.strerror or exc} (disk full?)", path)
-    return OutputError(f"cannot write: {exc.strerror or exc}", path)
+        return OutputOSError(f"cannot write: {exc.strerror or exc} (disk full?)",
+                             path).caused_by(exc)
+    return OutputOSError(f"cannot write: {exc.strerror or exc}", path).caused_by(exc)
+
+
+def folder_error(exc: OSError, folder: Path) -> CkptportError:
+    """An OS failure creating a file or folder in ``folder``: its true cause (a folder
+    that exists but takes no new files, like /proc, also answers "no such file")."""
+    if isinstance(exc, FileNotFoundError):
+        if folder.is_dir():
+            return OutputOSError(f"cannot create a file in this folder ({exc.strerror}); "
+                                 "write somewhere else", folder).caused_by(exc)
+        missing = next(p for p in (folder, *folder.parents) if p.parent.is_dir() or p == p.parent)
+        return OutputNotFoundError("folder does not exist", missing)
+    if isinstance(exc, NotADirectoryError):
+        return OutputOSError("is a file, not a folder", _first_file(folder)).caused_by(exc)
+    if isinstance(exc, PermissionError):
+        return OutputPermissionError("permission denied creating a file in this folder", folder)
+    return os_error(exc, folder)
+
+
+def _first_file(folder: Path) -> Path:
+    """The ancestor of ``folder`` that is a file (why nothing can be created below it)."""
+    return next((p for p in reversed((folder, *folder.parents)) if p.is_file()), folder)
 
 
 def _umask() -> int:
@@ -132,13 +163,15 @@ class StagedFile:
             try:
                 os.link(self.tmp, self.dst)
             except FileExistsError:
-                raise OutputError("exists (appeared while writing); pass --overwrite to replace "
+                raise OutputExistsError("exists (appeared while writing); pass --overwrite to "
+                                        "replace "
                                   "it", self.dst) from None
             except OSError as exc:  # filesystems without hard links
                 if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
                     raise
                 if self.dst.exists():
-                    raise OutputError("exists; pass --overwrite to replace it", self.dst) from None
+                    raise OutputExistsError("exists; pass --overwrite to replace it",
+                                            self.dst) from None
                 os.rename(self.tmp, self.dst)
             else:
                 self.tmp.unlink()
@@ -150,12 +183,8 @@ def staged_file(dst: Path, *, overwrite: bool) -> Iterator[StagedFile]:
     """Yield a ``StagedFile``; anything escaping the block removes the temp file."""
     try:
         fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=TEMP_SUFFIX)
-    except FileNotFoundError:
-        raise OutputError("folder does not exist", dst.parent) from None
-    except PermissionError:
-        raise OutputError("permission denied creating a file in this folder", dst.parent) from None
     except OSError as exc:
-        raise os_error(exc, dst.parent) from None
+        raise folder_error(exc, dst.parent) from None
     tmp = Path(name)
     os.fchmod(fd, _mode_for(dst))
     file = os.fdopen(fd, "wb")
@@ -176,10 +205,8 @@ def staged_folder(parent: Path, name: str) -> Iterator[Path]:
     """A temp folder in ``parent`` (normal permissions), removed however the block ends."""
     try:
         staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=TEMP_SUFFIX))
-    except FileNotFoundError:
-        raise OutputError("folder does not exist", parent) from None
     except OSError as exc:
-        raise os_error(exc, parent) from None
+        raise folder_error(exc, parent) from None
     os.chmod(staging, 0o777 & ~_umask())
     try:
         yield staging
