@@ -28,6 +28,7 @@ from .checkpoint import Format
 from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError
 from .escape import printable
 from .progress import Progress, no_progress
+from .quant import DEQUANTIZE_CHOICES
 from .render import formats_for
 from .rules import CAST_CHOICES, NormalizeOptions
 from .tree import paused_gc
@@ -138,11 +139,13 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def command(*args: Any, select: str, ema: str, strip_prefix: tuple[str, ...],
-                keep_prefixes: bool, dtype: str, subtree: str | None, keep: tuple[str, ...],
-                drop: tuple[str, ...], rename: tuple[tuple[str, str], ...],
-                map_file: Path | None, **kwargs: Any) -> Any:
+                keep_prefixes: bool, dtype: str, dequantize: str | None, subtree: str | None,
+                keep: tuple[str, ...], drop: tuple[str, ...],
+                rename: tuple[tuple[str, str], ...], map_file: Path | None, **kwargs: Any
+                ) -> Any:
         options = NormalizeOptions(select=select, ema=ema, strip_prefixes=strip_prefix,
-                                   keep_prefixes=keep_prefixes, dtype=dtype, subtree=subtree,
+                                   keep_prefixes=keep_prefixes, dtype=dtype,
+                                   dequantize=dequantize, subtree=subtree,
                                    keep=keep, drop=drop, rename=rename, recipe=map_file)
         return func(*args, options=options, **kwargs)
 
@@ -161,7 +164,13 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--keep-prefixes", is_flag=True,
                      help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
         click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
-                     show_default=True, help="Cast floating-point tensors."),
+                     show_default=True, help="Cast floating-point tensors (never the codes or "
+                     "scales of a quantized weight: those are refused; see --dequantize)."),
+        click.option("--dequantize", type=click.Choice(DEQUANTIZE_CHOICES), is_flag=False,
+                     flag_value="bfloat16", default=None, metavar="[bfloat16|float16|float32]",
+                     help="Turn each quantized weight (FP8 block-scaled, MXFP4, …) into one "
+                          "plain tensor, bit for bit what its scheme's reference library "
+                          "computes (default bfloat16)."),
         click.option("--subtree", metavar="PREFIX",
                      help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
                           "Runs after prefix stripping; then --keep/--drop, then --rename."),

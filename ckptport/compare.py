@@ -249,6 +249,10 @@ def _values(window: bytes | memoryview, dtype: DType) -> Any:
     """A window's values at a precision that holds them exactly (float64, complex128, int64)."""
     import numpy as np
 
+    if not dtype.has_values:  # packed and bit types: each unit's bytes as one integer code
+        units = np.frombuffer(window, dtype=np.uint8).reshape(-1, dtype.itemsize)
+        weights = np.array([1 << (8 * i) for i in range(dtype.itemsize)], dtype=np.int64)
+        return units.astype(np.int64) @ weights
     if dtype.numpy is not None:
         values = np.frombuffer(window, dtype=dtype.to_numpy())
     else:  # bfloat16, float8 and the like: torch knows their values
@@ -266,9 +270,11 @@ def _values(window: bytes | memoryview, dtype: DType) -> Any:
 
 def _compare_window(a: bytes | memoryview, b: bytes | memoryview, type_a: DType,
                     type_b: DType, offset: int, tolerance: Tolerance, worst: _Worst) -> None:
-    """Fold one window pair into ``worst``."""
+    """Fold one window pair into ``worst``; codes (packed, bit types) compare exactly."""
     import numpy as np
 
+    if not (type_a.has_values and type_b.has_values):
+        tolerance = Tolerance()
     x, y = _values(a, type_a), _values(b, type_b)
     if x.dtype.kind == "c" or y.dtype.kind == "c":
         x, y = x.astype(np.complex128), y.astype(np.complex128)

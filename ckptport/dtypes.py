@@ -31,6 +31,14 @@ __all__ = ["DType", "DTYPES", "by_name", "by_safetensors", "dtype_of", "all_dtyp
 class DType:
     """A torch dtype by name: ``str()`` and ``repr()`` as torch prints them.
 
+    Sub-byte elements are packed along the last dimension, as torch packs
+    them: ``float4_e2m1fn_x2`` is one byte holding two FP4 values, and a
+    tensor's shape counts bytes there (torch's meaning), while a safetensors
+    header counts the FP4 values (``packing`` of them per unit). FP6
+    (safetensors ``F6_E2M3``/``F6_E3M2``) has no torch dtype (``in_torch``
+    false): ckptport carries it as units of four values in three bytes,
+    copied and compared as bytes, never given to torch.
+
     ``kind``: ``f`` real floating point, ``c`` complex, ``i`` signed and ``u``
     unsigned integers, ``b`` bool, ``q`` quantized, ``x`` bit and sub-byte
     types torch stores one byte per element. ``numpy`` is the numpy dtype
@@ -43,9 +51,11 @@ class DType:
     kind: str
     safetensors: str | None = None
     numpy: str | None = None
+    packing: int = 1
+    in_torch: bool = True
 
     def __str__(self) -> str:
-        return f"torch.{self.name}"
+        return f"torch.{self.name}" if self.in_torch else self.name
 
     __repr__ = __str__
 
@@ -57,7 +67,22 @@ class DType:
     def is_complex(self) -> bool:
         return self.kind == "c"
 
+    @property
+    def is_code(self) -> bool:
+        """Values that only mean something through a quantization scheme (an exponent-only
+        scale, packed sub-byte elements): never cast as numbers."""
+        return self.name in _CODES
+
+    @property
+    def has_values(self) -> bool:
+        """Whether torch computes this dtype's values (compare them, cast them); packed and
+        bit types are compared as their bytes."""
+        return self.in_torch and self.kind in "fciub" and self.packing == 1
+
     def to_torch(self) -> torch.dtype:
+        if not self.in_torch:
+            raise ValueError(f"torch has no dtype for {self.name} (safetensors "
+                             f"{self.safetensors})")
         import torch
 
         made: torch.dtype = getattr(torch, self.name)
@@ -77,7 +102,7 @@ def _table() -> dict[str, DType]:
         ("float8_e4m3fn", 1, "f", "F8_E4M3", None), ("float8_e5m2", 1, "f", "F8_E5M2", None),
         ("float8_e4m3fnuz", 1, "f", "F8_E4M3FNUZ", None),
         ("float8_e5m2fnuz", 1, "f", "F8_E5M2FNUZ", None),
-        ("float8_e8m0fnu", 1, "f", "F8_E8M0", None), ("float4_e2m1fn_x2", 1, "f", None, None),
+        ("float8_e8m0fnu", 1, "f", "F8_E8M0", None),
         ("complex128", 16, "c", None, "<c16"), ("complex64", 8, "c", "C64", "<c8"),
         ("complex32", 4, "c", None, None),
         ("int64", 8, "i", "I64", "<i8"), ("int32", 4, "i", "I32", "<i4"),
@@ -94,11 +119,17 @@ def _table() -> dict[str, DType]:
     ]
     rows += [(f"int{n}", 1, "x", None, None) for n in range(1, 8)]
     rows += [(f"uint{n}", 1, "x", None, None) for n in range(1, 8)]
-    return {name: DType(name, size, kind, code, np_name)
-            for name, size, kind, code, np_name in rows}
+    table = {name: DType(name, size, kind, code, np_name)
+             for name, size, kind, code, np_name in rows}
+    table["float4_e2m1fn_x2"] = DType("float4_e2m1fn_x2", 1, "f", "F4", packing=2)
+    for name, code in (("float6_e2m3fn_x4", "F6_E2M3"), ("float6_e3m2fn_x4", "F6_E3M2")):
+        table[name] = DType(name, 3, "f", code, packing=4, in_torch=False)
+    return table
 
 
 DTYPES: dict[str, DType] = _table()
+_CODES = frozenset({"float8_e8m0fnu", "float4_e2m1fn_x2", "float6_e2m3fn_x4",
+                    "float6_e3m2fn_x4"})
 _ALIASES = {"bit": "uint1", "cdouble": "complex128", "cfloat": "complex64",
             "chalf": "complex32", "double": "float64", "float": "float32", "half": "float16",
             "int": "int32", "long": "int64", "short": "int16"}
@@ -116,7 +147,8 @@ STORAGE_CLASSES: dict[str, DType] = {
 
 
 def by_name(name: str) -> DType | None:
-    """The dtype torch calls ``name`` (``float32``, or an alias such as ``float``)."""
+    """The dtype torch calls ``name`` (``float32``, or an alias such as ``float``), or one of
+    ckptport's own (FP6)."""
     return DTYPES.get(_ALIASES.get(name, name))
 
 
@@ -126,7 +158,7 @@ def by_safetensors(code: str) -> DType | None:
 
 def all_names() -> Iterator[tuple[str, DType]]:
     """Every attribute name of ``torch`` that is a dtype, aliases included."""
-    yield from DTYPES.items()
+    yield from ((name, d) for name, d in DTYPES.items() if d.in_torch)
     for alias, name in _ALIASES.items():
         yield alias, DTYPES[name]
 

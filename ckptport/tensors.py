@@ -12,6 +12,8 @@ the functions here, never by kind:
   leaf: made contiguous and compact, and cast (``--dtype``). Rules return
   these instead of copying, so a cast of a 10 GB checkpoint holds one
   tensor at a time;
+- ``Computed``: a tensor made from several leaves by a function (a
+  dequantized weight from its codes and scales), one tensor at a time;
 - torch tensors (``ckptport.read``, ``--trust``, DCP sources, API callers).
 
 ``chunks(leaf)`` yields a leaf's canonical bytes (contiguous, row-major,
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
     from .sources import SourceFile
 
-__all__ = ["Blob", "StorageInfo", "TensorInfo", "Pending", "ViewKey", "view_key",
+__all__ = ["Blob", "StorageInfo", "TensorInfo", "Pending", "Computed", "ViewKey", "view_key",
            "group_by_storage",
            "storage_key", "nbytes", "is_compact", "location", "chunks", "to_torch",
            "to_numpy", "contiguous_strides", "human_bytes", "CHUNK_BYTES", "extent", "realize",
@@ -217,6 +219,42 @@ class Pending(_TensorLike):
         return location(self.source)
 
 
+@sealed
+@dataclass(frozen=True, eq=False, slots=True)
+class Computed(_TensorLike):
+    """A tensor made when its bytes are needed: ``compute`` applied to ``inputs``' values.
+
+    What ``--dequantize`` puts where a quantized weight's codes and scales
+    were: the inputs stay lazy leaves, so a writer holds one weight at a
+    time, and verification computes the value again from the inputs read
+    afresh (``compute`` receives real tensors, in ``inputs``' order).
+    """
+
+    dtype: DType
+    shape: tuple[int, ...]
+    inputs: tuple[Any, ...]
+    compute: Callable[..., Any]
+    device: str = "cpu"
+
+    def stride(self) -> tuple[int, ...]:
+        return contiguous_strides(self.shape)
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def value(self, inputs: tuple[Any, ...] | None = None) -> torch.Tensor:
+        """The computed tensor, from ``inputs`` (real tensors) or from this leaf's own."""
+        made = self.compute(*(tuple(to_torch(i) for i in self.inputs) if inputs is None
+                              else inputs))
+        if tuple(made.shape) != self.shape or dtype_of(made) != self.dtype:
+            raise AssertionError(f"computed {made.dtype}{list(made.shape)}, planned "
+                                 f"{self.dtype}{list(self.shape)}")
+        return made.contiguous()
+
+
 ViewKey = tuple[Any, ...]
 
 
@@ -238,9 +276,9 @@ def _is_torch(value: Any) -> bool:
 def storage_key(leaf: Any) -> int | None:
     """Identity of the storage behind ``leaf``; None for empty storages.
 
-    A ``Pending`` leaf is its own storage: tied names share the one object.
+    A ``Pending`` or ``Computed`` leaf is its own storage: tied names share the one object.
     """
-    if isinstance(leaf, Pending):
+    if isinstance(leaf, (Pending, Computed)):
         return id(leaf)
     if isinstance(leaf, TensorInfo):
         return id(leaf.storage) if leaf.storage.declared_bytes else None
@@ -274,7 +312,7 @@ def extent(leaf: Any) -> int:
 
 def is_compact(leaf: Any) -> bool:
     """True when the storage holds exactly this tensor's bytes, in order."""
-    if isinstance(leaf, Pending):
+    if isinstance(leaf, (Pending, Computed)):
         return True
     return (leaf.is_contiguous() and leaf.storage_offset() == 0
             and leaf.untyped_storage().nbytes() == nbytes(leaf))
@@ -282,7 +320,7 @@ def is_compact(leaf: Any) -> bool:
 
 def location(leaf: Any) -> str:
     """The device a leaf's storage is recorded on (``cuda:3``), or where a tensor lives."""
-    if isinstance(leaf, (TensorInfo, Pending)):
+    if isinstance(leaf, (TensorInfo, Pending, Computed)):
         return leaf.device
     return str(leaf.device)
 
@@ -303,6 +341,8 @@ def chunks(leaf: Any, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
             yield from chunks(leaf.source, size)
         else:
             yield from _memory_chunks(_as_bytes(to_torch(leaf)), size)
+    elif isinstance(leaf, Computed):
+        yield from _memory_chunks(_as_bytes(leaf.value()), size)
     else:
         yield from _memory_chunks(_as_bytes(leaf.detach().contiguous()), size)
 
@@ -428,6 +468,8 @@ def to_torch(leaf: Any, storages: dict[int, Any] | None = None) -> torch.Tensor:
     """
     if isinstance(leaf, Pending):
         return realize(to_torch(leaf.source, storages).detach(), leaf)
+    if isinstance(leaf, Computed):
+        return leaf.value()
     if not isinstance(leaf, TensorInfo):
         return leaf
     import torch

@@ -24,6 +24,7 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"checkpoint", "compare"}),
     frozenset({"unpickle"}),
     frozenset({"containers"}),
+    frozenset({"quant"}),  # quantization schemes: names, dtypes, reference dequantization
     frozenset({"readers"}),
     frozenset({"rules", "writers"}),
     frozenset({"analysis"}),

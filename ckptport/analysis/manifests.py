@@ -129,7 +129,8 @@ def options_of(options: NormalizeOptions) -> dict[str, Any]:
                             "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
     keys = {"subtree": options.subtree, "keep": list(options.keep), "drop": list(options.drop),
             "rename": [list(pair) for pair in options.rename],
-            "map": options.loaded_recipe.to_json() if options.loaded_recipe else None}
+            "map": options.loaded_recipe.to_json() if options.loaded_recipe else None,
+            "dequantize": options.dequantize}
     made.update((name, value) for name, value in keys.items() if value)
     return made
 
@@ -373,7 +374,7 @@ def manifest_options(made: Manifest) -> NormalizeOptions:
     """The normalize options a manifest was made with (to make the artifact's alike)."""
     raw = dict(made.options)
     known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype", "subtree", "keep",
-             "drop", "rename", "map"}
+             "drop", "rename", "map", "dequantize"}
     unknown = set(raw) - known
     if unknown:
         raise OptionError(f"unknown option {sorted(unknown)[0]!r}")

@@ -32,7 +32,12 @@ _U64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor's record: dtype, shape, byte range relative to the data."""
+    """One tensor's record: dtype, shape (as torch counts it), byte range relative to the data.
+
+    For packed sub-byte dtypes the header counts values and torch counts
+    units (``float4_e2m1fn_x2``: one byte, two values): ``header_shape`` is
+    what the file says, ``shape`` what a reader gets.
+    """
 
     dtype: DType
     shape: tuple[int, ...]
@@ -47,6 +52,12 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return self.end - self.start
+
+    @property
+    def header_shape(self) -> tuple[int, ...]:
+        if self.dtype.packing == 1:
+            return self.shape
+        return (*self.shape[:-1], self.shape[-1] * self.dtype.packing)
 
 
 @dataclass(frozen=True)
@@ -149,14 +160,32 @@ def _entry(name: str, info: object, data_len: int) -> Entry:
             and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
         raise _Refuse(f"tensor {name!r} has invalid data_offsets {offsets!r}")
     start, end = offsets
-    expected = math.prod(shape) * dtype.itemsize
+    units = _units(name, code, dtype, shape)
+    expected = math.prod(units) * dtype.itemsize
     if end - start != expected:
         raise _Refuse(f"tensor {name!r} declares {expected} bytes for shape {shape} but its "
                       f"data_offsets span {end - start}")
     if end > data_len:
         raise _Refuse(f"tensor {name!r} reaches byte {end} past the end of the data "
                       f"({data_len} bytes; truncated file?)")
-    return Entry(dtype=dtype, shape=tuple(shape), start=start, end=end)
+    return Entry(dtype=dtype, shape=units, start=start, end=end)
+
+
+def _units(name: str, code: str, dtype: DType, shape: list[int]) -> tuple[int, ...]:
+    """The header's shape in torch's units: packed values grouped along the last dimension.
+
+    The safetensors library accepts any shape whose bits fill whole bytes;
+    torch (and so ckptport, and the library's own torch loader) packs along
+    the last dimension, so a last dimension the packing does not divide is
+    refused rather than regrouped across rows.
+    """
+    if dtype.packing == 1:
+        return tuple(shape)
+    if not shape or shape[-1] % dtype.packing:
+        raise _Refuse(f"tensor {name!r} is {code} of shape {shape}: {dtype.packing} values "
+                      f"pack into {dtype.itemsize} byte(s) along the last dimension, which "
+                      f"{'it does not have' if not shape else 'they do not divide'}")
+    return (*shape[:-1], shape[-1] // dtype.packing)
 
 
 def _check_coverage(entries: Mapping[str, Entry], data_len: int) -> None:
@@ -177,7 +206,7 @@ def encode_header(metadata: Mapping[str, str], entries: Mapping[str, Entry]) -> 
     if metadata:
         doc[METADATA_KEY] = dict(sorted(metadata.items()))
     for name, entry in entries.items():
-        doc[name] = {"dtype": entry.code, "shape": list(entry.shape),
+        doc[name] = {"dtype": entry.code, "shape": list(entry.header_shape),
                      "data_offsets": [entry.start, entry.end]}
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     raw += b" " * (-len(raw) % 8)

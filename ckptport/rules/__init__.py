@@ -3,7 +3,7 @@
 The order matters and is fixed: pick the weights first (so later rules see
 only what will be written), map storages to the CPU, turn objects into
 plain data, strip wrapper prefixes, key surgery (subtree, keep/drop,
-rename), cast, then compact storages (which must see the final tensors).
+rename), dequantize, cast, then compact storages (which must see the final tensors).
 
 To add a rule: write a module with a frozen dataclass that has a ``name``
 and ``__call__(checkpoint) -> (checkpoint, RuleResult)``, and add it to
@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
+from ..quant import DEQUANTIZE_CHOICES
 from ..tree import is_state_dict
 from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
 from .keys import Recipe, Step, compile_rename, key_rules, load_recipe, recipe_of
 from .objects import ConvertObjects
 from .prefixes import AUTO, StripPrefixes, normalize_prefix, strip_key
+from .quantized import Dequantize
 from .select import EMA_MODES, Select
 from .tensors import CAST_CHOICES, CastDtype, CompactTensors
 
@@ -66,6 +68,7 @@ class NormalizeOptions:
     strip_prefixes: tuple[str, ...] = ()
     keep_prefixes: bool = False
     dtype: str = "keep"
+    dequantize: str | None = None
     subtree: str | None = None
     keep: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
@@ -80,6 +83,8 @@ class NormalizeOptions:
                self.keep_prefixes)
         _check(self.dtype in CAST_CHOICES, "dtype", f"one of {', '.join(CAST_CHOICES)}",
                self.dtype)
+        _check(self.dequantize is None or self.dequantize in DEQUANTIZE_CHOICES, "dequantize",
+               f"None or one of {', '.join(DEQUANTIZE_CHOICES)}", self.dequantize)
         prefixes = self.strip_prefixes
         _check(isinstance(prefixes, (tuple, list)) and all(
             isinstance(p, str) and p for p in prefixes), "strip_prefixes",
@@ -152,6 +157,7 @@ def build_rules(options: NormalizeOptions, *, lazy: bool = False,
         StripPrefixes(tuple(options.strip_prefixes), wrappers=not options.keep_prefixes,
                       require_match=require_prefix_match),
         *key_rules(options.key_steps, require_match=require_prefix_match),
+        *([Dequantize(options.dequantize, lazy=lazy)] if options.dequantize else []),
         CastDtype(options.dtype, lazy=lazy),
         CompactTensors(lazy=lazy),
     ]

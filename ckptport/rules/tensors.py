@@ -6,7 +6,8 @@ offsets share it. Each such tensor becomes a ``Pending`` leaf: its own
 contiguous, compact bytes, computed when a writer needs them, one tensor at
 a time. Tensors that are one tensor under several names (same storage,
 offset, shape, stride) stay one leaf, so ties survive. ``--dtype`` casts
-floating-point tensors the same way (``Pending`` with the target dtype).
+floating-point tensors the same way (``Pending`` with the target dtype),
+never the codes or scales of a quantized weight (``rules/quantized.py``).
 
 Without ``lazy`` (the Python API's ``normalize``) the pending leaves are
 computed at once into real, compact torch tensors.
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..dtypes import DTYPES, dtype_of
+from ..dtypes import DTYPES, DType, dtype_of
 from ..tensors import Pending, human_bytes, is_compact, nbytes, to_torch, view_key
-from ..tree import format_path, is_tensor, map_tree
+from ..tree import format_path, is_tensor, iter_tensors, map_tree
 from .base import Change, RuleResult
+from .quantized import refuse_cast
 
 __all__ = ["CompactTensors", "CastDtype", "CAST_CHOICES"]
 
@@ -80,12 +82,15 @@ class CastDtype:
         target = DTYPES[self.dtype]
         changes: list[Change] = []
         done: dict[Any, Any] = {}
+        refuse_cast(checkpoint, target, {
+            format_path(path): dtype_of(value) for path, value in iter_tensors(checkpoint.tree)
+            if _casts(dtype_of(value), target)})
 
         def cast(path: tuple[Any, ...], value: Any) -> Any:
             if not is_tensor(value):
                 return value
             source = dtype_of(value)
-            if not source.is_floating_point or source == target:
+            if not _casts(source, target):
                 return value
             key = view_key(value)
             if key in done:
@@ -98,3 +103,7 @@ class CastDtype:
         tree = map_tree(checkpoint.tree, cast)
         summary = f"cast {len(changes)} tensors to {self.dtype}"
         return checkpoint.with_tree(tree), RuleResult(self.name, tuple(changes), summary)
+
+
+def _casts(source: DType, target: DType) -> bool:
+    return source.is_floating_point and source != target

@@ -24,6 +24,7 @@ from ..tensors import to_torch
 from ..tree import is_tensor
 from . import WriteOptions, WriteResult, count_tensors, unique_bytes
 from .plan import Destination
+from .pth import require_torch_dtypes
 from .staging import os_error, publish_folder, staged_folder
 from .verify import Independent
 
@@ -60,6 +61,7 @@ class DcpWriter:
         from ..readers import open_checkpoint
 
         folder = destination.path
+        require_torch_dtypes(checkpoint.tree, folder)
         renamed: list[str] = []
         originals: dict[int, Any] = {}
         tree = _dcp_tree(checkpoint.tree, {}, renamed, originals)

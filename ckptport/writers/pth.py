@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..dtypes import dtype_of
+from ..errors import OutputError
 from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
-from ..tree import is_tensor, rebuild_dict
+from ..tree import format_path, is_tensor, iter_tensors, rebuild_dict
 from ..treejson import sorted_items
 from .staging import preallocate
 from .torchzip import ZipWriter
@@ -157,6 +158,7 @@ class PthFile:
 
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
+        require_torch_dtypes(tree, dst)
         write_pth(tree, file, options.anchor, advance, options.tap)
 
     def verify(self, path: Path, tree: Any, written: None, options: WriteOptions,
@@ -164,6 +166,16 @@ class PthFile:
         from .verify import verify_pth
 
         verify_pth(path, tree, options.anchor, advance, options.jobs)
+
+
+def require_torch_dtypes(tree: Any, dst: Path) -> None:
+    """Refuse, before anything is written, a tensor whose dtype torch does not have (FP6)."""
+    for path, tensor in iter_tensors(tree):
+        dtype = dtype_of(tensor)
+        if not dtype.in_torch:
+            raise OutputError(f"tensor {format_path(path)!r} is {dtype.safetensors}, which torch "
+                              "has no dtype for (torch 2.13 has no float6); write .safetensors",
+                              dst)
 
 
 def _tapped(tap: Tap, leaf: Any) -> Iterator[bytes | memoryview]:

@@ -33,7 +33,7 @@ from ..dtypes import dtype_of
 from ..errors import InputError, VerificationError
 from ..progress import Advance
 from ..sources import SourceFile
-from ..tensors import Blob, Pending, TensorInfo, chunks, realize
+from ..tensors import Blob, Computed, Pending, TensorInfo, chunks, realize
 
 __all__ = ["verify_pth", "verify_safetensors", "Independent"]
 
@@ -55,6 +55,9 @@ class Independent:
                 yield from self(leaf.source)
                 return
             yield from chunks(_cast(self._whole(leaf.source), leaf))
+            return
+        if isinstance(leaf, Computed):  # computed again from its inputs read afresh
+            yield from chunks(leaf.value(tuple(_values(self._whole(i), i) for i in leaf.inputs)))
             return
         if isinstance(leaf, TensorInfo) and leaf.storage.blob.member is not None:
             yield from self._from_zip(leaf)
@@ -110,13 +113,18 @@ class Independent:
         self.close()
 
 
-def _cast(raw: bytes, leaf: Pending) -> Any:
+def _values(raw: bytes, leaf: Any) -> Any:
+    """A tensor of ``leaf``'s dtype and shape holding the canonical bytes ``raw``."""
     import torch
 
-    source = dtype_of(leaf.source).to_torch()
-    values = torch.frombuffer(bytearray(raw), dtype=source) if raw else \
-        torch.empty(0, dtype=source)
-    return realize(values.reshape(leaf.shape), leaf)
+    dtype = dtype_of(leaf).to_torch()
+    values = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else \
+        torch.empty(0, dtype=dtype)
+    return values.reshape(leaf.shape)
+
+
+def _cast(raw: bytes, leaf: Pending) -> Any:
+    return realize(_values(raw, leaf.source), leaf)
 
 
 def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance,
@@ -159,7 +167,8 @@ def verify_safetensors(path: Path, plan: Any, expected: Any, advance: Advance,
                                         path)
             for name, entry in plan.entries.items():
                 stored = f.get_slice(name)  # header only: the bytes are compared below
-                if stored.get_dtype() != entry.code or tuple(stored.get_shape()) != entry.shape:
+                if stored.get_dtype() != entry.code or \
+                        tuple(stored.get_shape()) != entry.header_shape:
                     raise VerificationError(f"tensor {name!r} reads back as {stored.get_dtype()} "
                                             f"{stored.get_shape()}", path)
     except VerificationError:

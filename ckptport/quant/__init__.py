@@ -1,0 +1,162 @@
+"""Quantization schemes are codecs: recognized from names, dtypes and ``quantization_config``.
+
+A quantized checkpoint stores a weight as several tensors (FP8 codes and a
+block scale, packed FP4 blocks and E8M0 exponents, …) whose values mean
+nothing alone: casting the codes as numbers, or the scales, silently gives
+wrong weights. Each scheme is one module in this package that knows its
+names, its dtypes and its reference dequantization, and registers itself
+(``register``); nothing else lists them. ``recognize`` asks every scheme
+which tensors of a state dict are its parts, and refuses a tensor two
+schemes claim.
+
+A scheme's ``find`` returns ``QuantizedWeight`` records (which tensors make
+one weight, the scheme's parameters, the dequantized name and shape) and
+raises ``QuantError`` for parts that cannot be dequantized correctly (a
+scale whose shape does not tile its weight, a scale without its weight);
+``dequantize`` computes the weight from real tensors exactly as the
+scheme's reference library does on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Scheme", "QuantizedWeight", "Recognition", "QuantError", "register", "SCHEMES",
+           "recognize", "config_of", "DEQUANTIZE_CHOICES"]
+
+DEQUANTIZE_CHOICES = ("bfloat16", "float16", "float32")
+_MAX_CONFIG = 1 << 20  # a model's config.json is kilobytes
+
+
+class QuantError(InputError):
+    """A quantized checkpoint that cannot be dequantized correctly (or cast at all)."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One quantized weight: the tensors it is made of and what it dequantizes to.
+
+    ``parts`` maps each role (``codes``, ``scale``, …) to a tensor name of
+    the state dict, in the order ``dequantize`` takes them; ``extra`` names
+    tensors the scheme consumes without needing them (activation scales).
+    ``name`` and ``shape`` are what the reference library's dequantized
+    model calls and shapes the weight.
+    """
+
+    scheme: Scheme
+    name: str
+    shape: tuple[int, ...]
+    parts: Mapping[str, str]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return (*self.parts.values(), *self.extra)
+
+    def describe(self) -> dict[str, Any]:
+        return {"scheme": self.scheme.name, "weight": self.name, "shape": list(self.shape),
+                "params": dict(self.params), "tensors": dict(self.parts),
+                **({"consumed": list(self.extra)} if self.extra else {})}
+
+
+class Scheme(Protocol):
+    """A quantization scheme: how its weights are recognized and dequantized."""
+
+    name: str
+    reference: str  # the library function whose output ``dequantize`` equals
+
+    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
+             ) -> Iterator[QuantizedWeight]: ...
+
+    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> torch.Tensor: ...
+
+
+SCHEMES: dict[str, Scheme] = {}
+
+
+def register(scheme: Scheme) -> Scheme:
+    SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """Every quantized weight of a state dict, and which tensor belongs to which."""
+
+    weights: tuple[QuantizedWeight, ...] = ()
+    owner: Mapping[str, QuantizedWeight] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.weights)
+
+    def counts(self) -> dict[str, int]:
+        counted: dict[str, int] = {}
+        for weight in self.weights:
+            counted[weight.scheme.name] = counted.get(weight.scheme.name, 0) + 1
+        return counted
+
+    def describe(self) -> dict[str, Any]:
+        """What reports and manifests record: per scheme, its weights and their parts."""
+        return {"schemes": self.counts(), "weights": [w.describe() for w in self.weights]}
+
+
+def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = None,
+              path: Any = None) -> Recognition:
+    """The quantized weights among ``tensors`` (state-dict name -> tensor leaf).
+
+    Raises ``QuantError`` naming the file, the weight and the cause when a
+    scheme's parts cannot be dequantized correctly, or when two schemes
+    claim one tensor (a mixed checkpoint ckptport cannot tell apart).
+    """
+    weights: list[QuantizedWeight] = []
+    owner: dict[str, QuantizedWeight] = {}
+    for scheme in SCHEMES.values():
+        try:
+            found = list(scheme.find(tensors, config))
+        except QuantError as exc:
+            raise QuantError(str(exc.args[0]), path) from None
+        for weight in found:
+            for name in weight.tensors:
+                other = owner.get(name)
+                if other is not None:
+                    raise QuantError(f"tensor {name!r} is part of a {other.scheme.name} weight "
+                                     f"({other.name}) and of a {weight.scheme.name} weight "
+                                     f"({weight.name}): mixed schemes", path)
+                owner[name] = weight
+            weights.append(weight)
+    return Recognition(tuple(weights), owner)
+
+
+def config_of(path: Path | None) -> Mapping[str, Any] | None:
+    """``quantization_config`` of the ``config.json`` beside (or inside) a local checkpoint."""
+    if path is None:
+        return None
+    folder = path if path.is_dir() else path.parent
+    config = folder / "config.json"
+    try:
+        if not config.is_file() or config.stat().st_size > _MAX_CONFIG:
+            return None
+        doc = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # not a model's config: the tensors alone decide
+    found = doc.get("quantization_config") if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _load_schemes() -> None:
+    """The scheme modules, each registering itself: a new scheme is one module and one line."""
+    from . import fp8_block, mxfp4  # noqa: F401
+
+
+_load_schemes()

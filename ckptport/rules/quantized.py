@@ -1,0 +1,140 @@
+"""Quantized weights in the rules: dequantized on request, never cast as numbers.
+
+``--dequantize DTYPE`` replaces each quantized weight's tensors (codes,
+scales, zero points, …) with the one plain tensor its scheme's reference
+library computes, under the name that library's dequantized model uses; the
+value is a ``Computed`` leaf, made one weight at a time when written.
+``--dtype`` runs after it and refuses to touch codes or scales that are
+still there: what it would write is a wrong weight with exit 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from ..checkpoint import Checkpoint
+from ..dtypes import DTYPES, DType
+from ..errors import OptionError
+from ..quant import (
+    DEQUANTIZE_CHOICES,
+    QuantError,
+    QuantizedWeight,
+    Recognition,
+    config_of,
+    recognize,
+)
+from ..tensors import Computed, to_torch
+from ..tree import format_path, rebuild_dict, replace_state_dicts, state_dicts
+from .base import Change, RuleResult
+
+__all__ = ["Dequantize", "recognized", "refuse_cast"]
+
+
+def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
+    """Each state dict's quantized weights (by its path), with the checkpoint's config."""
+    config = config_of(checkpoint.source.path)
+    found = []
+    for path, state in state_dicts(checkpoint.tree):
+        recognition = recognize(state, config, checkpoint.source.path)
+        if recognition:
+            found.append((_prefix(path), recognition))
+    return found
+
+
+def refuse_cast(checkpoint: Checkpoint, target: DType, casts: Mapping[str, DType]) -> None:
+    """Raise ``QuantError`` when ``casts`` (tensor path -> its dtype) touch a quantized part.
+
+    Codes and scales of a recognized scheme are refused by name; a dtype
+    that only means something through a scheme (E8M0, packed FP4/FP6) is
+    refused wherever it is.
+    """
+    if not casts:
+        return
+    for prefix, recognition in recognized(checkpoint):
+        for name, weight in recognition.owner.items():
+            where = f"{prefix}.{name}" if prefix else name
+            if where in casts:
+                raise QuantError(
+                    f"{where}: --dtype {target.name} would cast the {casts[where]} part of "
+                    f"{weight.scheme.name} weight {weight.name} as numbers; dequantize it "
+                    f"with --dequantize {target.name} (its scheme's reference values)",
+                    checkpoint.source.path)
+    for where, dtype in casts.items():
+        if dtype.is_code:
+            raise QuantError(f"{where}: --dtype {target.name} would cast {dtype} codes as "
+                             "numbers (they only mean something through a quantization "
+                             "scheme); keep them (--dtype keep) or --dequantize a scheme "
+                             "ckptport recognizes", checkpoint.source.path)
+
+
+def _prefix(path: tuple[Any, ...]) -> str:
+    return format_path(path) if path else ""
+
+
+def _dequantized(weight: QuantizedWeight, dtype: Any, *parts: Any) -> Any:
+    return weight.scheme.dequantize(weight, parts, dtype)
+
+
+@dataclass(frozen=True)
+class Dequantize:
+    """``--dequantize DTYPE``: every recognized quantized weight becomes one plain tensor."""
+
+    dtype: str | None = None
+    lazy: bool = False
+    name: str = "dequantize"
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DEQUANTIZE_CHOICES:
+            raise OptionError(f"--dequantize must be one of {', '.join(DEQUANTIZE_CHOICES)}, "
+                              f"not {self.dtype!r}")
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
+        if self.dtype is None:
+            return checkpoint, RuleResult(self.name, summary="quantized weights kept")
+        target = DTYPES[self.dtype]
+        found = dict(recognized(checkpoint))
+        changes: list[Change] = []
+        counts: dict[str, int] = {}
+
+        def edit(path: tuple[Any, ...], state: Mapping[str, Any]) -> Any:
+            prefix = _prefix(path)
+            recognition = found.get(prefix)
+            if recognition is None:
+                return state
+            made: dict[str, Any] = {}
+            for weight in recognition.weights:
+                made[weight.parts[next(iter(weight.parts))]] = (weight.name, self._leaf(
+                    weight, target, tuple(state[n] for n in weight.parts.values())))
+                counts[weight.scheme.name] = counts.get(weight.scheme.name, 0) + 1
+                where = f"{prefix}.{weight.name}" if prefix else weight.name
+                changes.append(Change(where, "dequantized",
+                                      f"{weight.scheme.name} {', '.join(weight.tensors)} -> "
+                                      f"{target}{list(weight.shape)}"))
+            items = []
+            for key, value in state.items():
+                if key in made:
+                    items.append(made[key])
+                elif key not in recognition.owner:
+                    items.append((key, value))
+            names = [k for k, _ in items]
+            if len(set(names)) != len(names):
+                clash = next(n for n in names if names.count(n) > 1)
+                raise QuantError(f"{clash}: a dequantized weight would replace a tensor of the "
+                                 "same name", checkpoint.source.path)
+            return rebuild_dict(state, items)
+
+        tree = replace_state_dicts(checkpoint.tree, edit)
+        if not counts:
+            return checkpoint, RuleResult(self.name, summary="no quantized weights found")
+        summary = "dequantized " + ", ".join(f"{n} {s} weights" for s, n in counts.items()) + \
+            f" to {self.dtype}"
+        return checkpoint.with_tree(tree), RuleResult(
+            self.name, tuple(changes), summary, {"schemes": counts, "dtype": self.dtype})
+
+    def _leaf(self, weight: QuantizedWeight, target: DType, parts: tuple[Any, ...]) -> Any:
+        leaf = Computed(target, weight.shape, parts,
+                        partial(_dequantized, weight, target.to_torch()))
+        return leaf if self.lazy else to_torch(leaf)

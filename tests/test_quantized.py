@@ -1,0 +1,300 @@
+"""Low-precision dtypes read and written bit for bit; quantized weights never cast as numbers,
+and dequantized exactly as the schemes' reference libraries do (transformers' integrations)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptport.dtypes import DTYPES
+from tests.helpers import load_output, same_bits
+
+# every dtype torch 2.13 can save, as torch lays it out
+TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+                "complex128", "complex64", "int64", "int32", "int16", "int8", "uint64",
+                "uint32", "uint16", "uint8", "bool", "bits8", "bits16", "bits1x8", "bits2x4",
+                "bits4x2")
+
+
+def _random(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=torch.Generator().manual_seed(seed)).bool()
+    size = torch.empty(0, dtype=dtype).element_size() * torch.Size(shape).numel()
+    raw = torch.randint(0, 256, (size,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(seed))
+    return raw.view(dtype).reshape(shape)
+
+
+def _raw_safetensors(path: Path, entries: dict[str, tuple[str, list[int], bytes]]) -> Path:
+    """A safetensors file as the format specifies it (for dtypes torch cannot make: FP6)."""
+    header, data = {}, b""
+    for name, (code, shape, raw) in entries.items():
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [len(data),
+                                                                        len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("dtypes")
+    tensors = {name: _random(getattr(torch, name), (3, 4), seed)
+               for seed, name in enumerate(TORCH_DTYPES)}
+    torch.save(tensors, folder / "all.pth")
+    stored = {k: v for k, v in tensors.items() if DTYPES[k].safetensors}
+    save_file(stored, folder / "all.safetensors")
+    fp6 = bytes(range(24))
+    _raw_safetensors(folder / "fp6.safetensors", {"a": ("F6_E2M3", [2, 8], fp6[:12]),
+                                                  "b": ("F6_E3M2", [1, 16], fp6[12:])})
+    return {"pth": folder / "all.pth", "safetensors": folder / "all.safetensors",
+            "fp6": folder / "fp6.safetensors"}
+
+
+@pytest.mark.parametrize("source", ["pth", "safetensors"])
+@pytest.mark.parametrize("to", ["pth", "safetensors"])
+def test_every_dtype_round_trips_bit_for_bit(every_dtype, run, tmp_path, source, to):
+    truth = load_output(every_dtype[source])
+    if to == "safetensors":
+        truth = {k: v for k, v in truth.items() if DTYPES[str(v.dtype)[6:]].safetensors}
+        pick = [a for k in truth for a in ("--keep", k)] if source == "pth" else []
+    else:
+        pick = []
+    out = tmp_path / f"out.{to}"
+    result = run("normalize", every_dtype[source], out, *pick)
+    assert result.exit_code == 0, result.output
+    written = load_output(out)
+    assert sorted(written) == sorted(truth)
+    for name, tensor in truth.items():
+        assert same_bits(written[name], tensor), name
+    assert run("diff", every_dtype[source], out, *pick).exit_code == 0
+
+
+def test_f4_header_counts_values_and_torch_counts_bytes(every_dtype, tmp_path, run):
+    """safetensors records F4's logical shape (two values a byte); torch's float4_e2m1fn_x2
+    packs pairs along the last dimension: both meanings survive a round trip."""
+    out = tmp_path / "f4.safetensors"
+    assert run("normalize", every_dtype["pth"], out, "--keep", "float4_e2m1fn_x2").exit_code == 0
+    (length,) = struct.unpack("<Q", out.read_bytes()[:8])
+    header = json.loads(out.read_bytes()[8:8 + length])
+    assert header["float4_e2m1fn_x2"]["dtype"] == "F4"
+    assert header["float4_e2m1fn_x2"]["shape"] == [3, 8]
+    assert load_file(out)["float4_e2m1fn_x2"].shape == (3, 4)
+
+
+def test_manifest_digest_is_one_across_containers(every_dtype, run):
+    digests = []
+    for side in ("pth", "safetensors"):
+        result = run("manifest", every_dtype[side], "--keep", "float*", "--keep", "int*",
+                     "--keep", "uint*", "--keep", "bool", "--keep", "complex64")
+        assert result.exit_code == 0, result.output
+        digests.append(json.loads(result.stdout)["digest"])
+    assert digests[0] == digests[1]
+
+
+def test_fp6_is_safetensors_only(every_dtype, run, tmp_path):
+    out = tmp_path / "fp6.safetensors"
+    result = run("normalize", every_dtype["fp6"], out)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[-24:] == bytes(range(24))
+    inspected = run("inspect", every_dtype["fp6"], "--format", "json")
+    assert "float6_e2m3fn_x4" in inspected.stdout
+    refused = run("normalize", every_dtype["fp6"], tmp_path / "fp6.pth")
+    assert refused.exit_code == 2
+    assert "torch 2.13 has no float6" in refused.stderr
+    assert not (tmp_path / "fp6.pth").exists()
+    assert run("diff", every_dtype["fp6"], out).exit_code == 0
+    changed = tmp_path / "changed.safetensors"
+    changed.write_bytes(out.read_bytes()[:-1] + b"\x00")
+    assert run("diff", every_dtype["fp6"], changed).exit_code == 1
+
+
+@pytest.mark.parametrize(("code", "shape", "size", "why"), [
+    ("F4", [2, 3], 3, "they do not divide"),        # valid bytes, but not torch's pairs
+    ("F6_E2M3", [2, 2], 3, "they do not divide"),
+    ("F4", [3], 2, "byte"),                         # 12 bits: not whole bytes
+])
+def test_packed_shapes_torch_cannot_mean_are_refused(tmp_path, run, code, shape, size, why):
+    path = _raw_safetensors(tmp_path / "odd.safetensors", {"x": (code, shape, bytes(size))})
+    result = run("inspect", path)
+    assert result.exit_code == 2
+    assert "odd.safetensors" in result.stderr and "'x'" in result.stderr
+
+
+# -- FP8 block-scaled: transformers writes it (Fp8Quantize) and dequantizes it (oracle) ----
+
+
+def _fp8_quantize(key: str, weight: torch.Tensor, scale_fmt: str | None = None
+                  ) -> dict[str, torch.Tensor]:
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    config = SimpleNamespace(weight_block_size=[128, 128], scale_fmt=scale_fmt)
+    return Fp8Quantize(SimpleNamespace(quantization_config=config))._quantize_one(key, weight)
+
+
+def _fp8_reference(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    return Fp8Dequantize(None)._dequantize_one(codes, scale, output_dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    g = torch.Generator().manual_seed(0)
+    state: dict[str, torch.Tensor] = {}
+    state.update(_fp8_quantize("model.layers.0.mlp.up_proj.weight",
+                               torch.randn(256, 384, generator=g).bfloat16()))
+    state.update(_fp8_quantize("model.layers.0.mlp.down_proj.weight",
+                               torch.randn(384, 256, generator=g).bfloat16(), "ue8m0"))
+    state.update(_fp8_quantize("model.layers.0.mlp.experts.gate_up_proj",
+                               torch.randn(2, 256, 128, generator=g).bfloat16()))
+    state["model.layers.0.input_layernorm.weight"] = torch.randn(384, generator=g).bfloat16()
+    state["model.embed_tokens.weight"] = torch.randn(10, 384, generator=g).bfloat16()
+    folder = tmp_path_factory.mktemp("fp8")
+    save_file(state, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}}))
+    return folder / "model.safetensors"
+
+
+QUANTIZED = ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+             "model.layers.0.mlp.experts.gate_up_proj")
+
+
+def test_dtype_refuses_to_cast_fp8_codes_and_scales(fp8, run, tmp_path):
+    """Issue 26.4: the cast that used to give weights thousands of times off, exit 0."""
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", fp8, out, "--dtype", "bfloat16")
+    assert result.exit_code == 2
+    assert "fp8-block" in result.stderr and "--dequantize" in result.stderr
+    assert "model.safetensors" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_fp8_dequantized_as_transformers_does(fp8, run, tmp_path, dtype):
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", fp8, out, "--dequantize", dtype, "--format", "json")
+    assert result.exit_code == 0, result.output
+    source, written = load_file(fp8), load_file(out)
+    assert sorted(written) == sorted(k for k in source if not k.endswith("_scale_inv"))
+    for name in QUANTIZED:
+        expected = _fp8_reference(source[name], source[name + "_scale_inv"],
+                                  getattr(torch, dtype))
+        assert same_bits(written[name], expected), name
+    for name in ("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight"):
+        assert same_bits(written[name], source[name])
+    report = json.loads(result.stdout)
+    assert "fp8-block" in json.dumps(report)
+
+
+def test_unquantized_tensors_still_cast_once_dequantized(fp8, run, tmp_path):
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", fp8, out, "--dequantize", "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    source, written = load_file(fp8), load_file(out)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert same_bits(written[name], _fp8_reference(source[name], source[name + "_scale_inv"],
+                                                   torch.bfloat16).float())
+    norm = "model.layers.0.input_layernorm.weight"
+    assert same_bits(written[norm], source[norm].float())
+
+
+def test_fp8_partial_blocks_scaled_as_deepseek_does(tmp_path, run):
+    """A weight the 128x128 block does not divide (DeepSeek-V3's kv_a_proj_with_mqa is 576
+    rows): the edge blocks are cut short (DeepSeek's weight_dequant)."""
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randn(200, 300, generator=g).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 3, generator=g) + 0.5
+    path = tmp_path / "partial.safetensors"
+    save_file({"w.weight": codes, "w.weight_scale_inv": scale}, path)
+    out = tmp_path / "out.safetensors"
+    assert run("normalize", path, out, "--dequantize").exit_code == 0
+    spread = scale.repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)[:, :300]
+    assert same_bits(load_file(out)["w.weight"], (codes.float() * spread).bfloat16())
+
+
+@pytest.mark.parametrize(("tensors", "why"), [
+    ({"w.weight_scale_inv": torch.ones(1, 1)}, "without its weight"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+      "w.weight_scale_inv": torch.ones(3, 2)}, "does not tile"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+      "w.weight_scale_inv": torch.ones(2, 2, dtype=torch.int32)}, "dtype torch.int32"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.bfloat16),
+      "w.weight_scale_inv": torch.ones(2, 2)}, "not an FP8 dtype"),
+])
+def test_fp8_that_cannot_be_dequantized_is_refused(tmp_path, run, tensors, why):
+    path = tmp_path / "bad.safetensors"
+    save_file(tensors, path)
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", path, out, "--dequantize")
+    assert result.exit_code == 2
+    assert why in result.stderr and "bad.safetensors" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_plain_fp8_without_scales_still_casts(tmp_path, run):
+    path = tmp_path / "plain.safetensors"
+    codes = torch.randn(4, 4).to(torch.float8_e5m2)
+    save_file({"w": codes}, path)
+    out = tmp_path / "out.safetensors"
+    assert run("normalize", path, out, "--dtype", "float32").exit_code == 0
+    assert same_bits(load_file(out)["w"], codes.float())
+
+
+# -- MXFP4 (gpt-oss): built as transformers' layout specifies; its dequantizer is the oracle --
+
+
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    g = torch.Generator().manual_seed(2)
+    experts, rows, groups = 2, 6, 3
+    state = {
+        "model.layers.0.mlp.experts.gate_up_proj_blocks":
+            torch.randint(0, 256, (experts, rows, groups, 16), dtype=torch.uint8, generator=g),
+        "model.layers.0.mlp.experts.gate_up_proj_scales":
+            torch.randint(118, 136, (experts, rows, groups), dtype=torch.uint8, generator=g),
+        "model.layers.0.mlp.experts.gate_up_proj_bias": torch.randn(experts, rows).bfloat16(),
+        "model.layers.0.mlp.experts.down_proj_blocks":
+            torch.randint(0, 256, (experts, 4, 1, 16), dtype=torch.uint8, generator=g),
+        "model.layers.0.mlp.experts.down_proj_scales":
+            torch.randint(120, 130, (experts, 4, 1), dtype=torch.uint8,
+                          generator=g).view(torch.float8_e8m0fnu),
+    }
+    path = tmp_path_factory.mktemp("mxfp4") / "model.safetensors"
+    save_file(state, path)
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mxfp4_dequantized_as_transformers_does(mxfp4, run, tmp_path, dtype):
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", mxfp4, out, "--dequantize", dtype)
+    assert result.exit_code == 0, result.output
+    source, written = load_file(mxfp4), load_file(out)
+    prefix = "model.layers.0.mlp.experts."
+    assert sorted(written) == [f"{prefix}down_proj", f"{prefix}gate_up_proj",
+                               f"{prefix}gate_up_proj_bias"]
+    for proj in ("gate_up_proj", "down_proj"):
+        expected = convert_moe_packed_tensors(source[f"{prefix}{proj}_blocks"],
+                                              source[f"{prefix}{proj}_scales"].view(torch.uint8),
+                                              dtype=getattr(torch, dtype))
+        assert same_bits(written[prefix + proj], expected), proj
+
+
+def test_mxfp4_scales_are_never_cast(mxfp4, run, tmp_path):
+    result = run("normalize", mxfp4, tmp_path / "out.safetensors", "--dtype", "float32")
+    assert result.exit_code == 2
+    assert "mxfp4" in result.stderr and "--dequantize" in result.stderr
