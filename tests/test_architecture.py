@@ -69,6 +69,56 @@ def test_a_reader_is_one_class_and_one_registration(monkeypatch, tmp_path, run):
     assert "format toy-weights" in gated.stdout
 
 
+class ToySetReader:
+    """A layout: a folder holding ``toy.set`` and parts ``*.toy``, one checkpoint whose
+    tensors are the parts; it knows its names and its files, and nothing else lists them."""
+
+    format = Format("toy-set")
+
+    def layout(self, folder: Any, names: Any, name: str | None, tag: str | None
+               ) -> readers.Layout | None:
+        if names is None or "toy.set" not in names:
+            return None
+        parts = tuple(folder / n for n in sorted(names) if n.endswith(".toy"))
+        return readers.Layout(folder, (folder / "toy.set", *parts), self, self.format)
+
+    def load(self, source: readers.Source, options: readers.ReadOptions) -> Checkpoint:
+        from ckptport.sources import open_source
+
+        tree = {}
+        for path in source.files[1:]:
+            part = readers.Source(path, path, (path,), None, open_source(path))
+            tree[path.stem] = ToyReader().load(part, options).tree["w"]
+        size = sum(p.stat().st_size for p in source.files)
+        return Checkpoint(tree, SourceFacts(source.main, self.format, size, files=source.files))
+
+
+def test_a_layout_is_one_class_and_one_registration(monkeypatch, tmp_path, run):
+    monkeypatch.setattr(readers, "READERS", (ToySetReader(), *readers.READERS))
+    root = tmp_path / "runs"
+    folder = root / "toyset"
+    folder.mkdir(parents=True)
+    (folder / "toy.set").write_text("two parts")
+    _toy_file(folder / "a.toy", [1.0, 2.0])
+    _toy_file(folder / "b.toy", [-3.0])
+    out = tmp_path / "out.safetensors"
+    report = ckptport.normalize_file(folder, out)
+    assert report.output.verified
+    assert report.source.files == (folder / "toy.set", folder / "a.toy", folder / "b.toy")
+    loaded = ckptport.load_state_dict(out)
+    assert same_bits(loaded["a"], torch.tensor([1.0, 2.0]))
+    assert same_bits(loaded["b"], torch.tensor([-3.0]))
+    shown = run("inspect", folder, "--format", "json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["format"] == "toy-set"
+    gated = json.loads(run("check", root, "--format", "json").stdout)  # the folder walk
+    assert [f["path"] for f in gated["files"]] == [str(folder)] and not gated["skipped"]
+    done = run("normalize", root, tmp_path / "converted")  # folder mode
+    assert done.exit_code == 0, done.output
+    assert same_bits(ckptport.load_state_dict(tmp_path / "converted" / "toyset.pth")["b"],
+                     torch.tensor([-3.0]))
+    assert run("diff", folder, out).exit_code == 0
+
+
 @dataclass(frozen=True)
 class Negate:
     """A rule: it returns the new checkpoint and what it changed."""

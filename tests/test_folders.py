@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 import ckptport
-from ckptport.readers.folders import FolderKind, folder_kind
+from ckptport.readers import layout_of
+from ckptport.readers.folders import listing
 from tests.helpers import same_bits
 
 WEIGHTS = {"conv.weight": torch.arange(6.0).reshape(2, 3), "conv.bias": torch.ones(2)}
@@ -28,7 +29,9 @@ def test_a_librarys_model_folder_is_one_checkpoint(tmp_path, run, name):
     folder.mkdir()
     save_file(WEIGHTS, folder / name)
     (folder / "config.json").write_text("{}")
-    assert folder_kind(folder) is FolderKind.WEIGHTS
+    layout = layout_of(folder, listing(folder))
+    assert layout is not None and layout.files == (folder / name,)
+    assert layout.quiet == (folder / "config.json",)
     out = tmp_path / "out" / "diffusion_pytorch_model.safetensors"
     out.parent.mkdir()
     result = run("normalize", folder, out)
@@ -62,7 +65,8 @@ def accelerate_state(tmp_path):
 
 
 def test_an_accelerate_state_folder_is_a_folder_of_checkpoints(accelerate_state, run, tmp_path):
-    assert folder_kind(accelerate_state) is FolderKind.CHECKPOINTS
+    layout = layout_of(accelerate_state, listing(accelerate_state))
+    assert layout is not None and layout.many is not None
     shown = run("inspect", accelerate_state)
     assert shown.exit_code == 2 and "accelerate save_state folder" in shown.stderr
     assert "optimizer.bin" in shown.stderr
@@ -80,3 +84,31 @@ def test_the_cli_keeps_a_dst_folder_slash(fx, run, tmp_path):
     result = run("normalize", fx["plain"], f"{tmp_path / 'shards'}/")
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "shards" / "model.safetensors").is_file()
+
+
+def test_one_list_of_files_per_layout(fx, tmp_path):
+    """resolve, the reader, a folder search and provenance see the same files of a DCP
+    folder (its ``.metadata``, every ``*.distcp``, Lightning's ``meta.pt``)."""
+    from ckptport.readers import open_checkpoint, resolve
+    from ckptport.readers.discover import discover
+
+    root = tmp_path / "runs"
+    folder = root / "dcp"
+    root.mkdir()
+    ckptport.normalize_file(fx["plain"], folder, to="dcp")
+    torch.save({"epoch": 3}, folder / "meta.pt")
+    (root / "README.md").write_text("runs")
+    expected = (folder / ".metadata", *sorted(folder.glob("*.distcp")), folder / "meta.pt")
+    source = resolve(folder)
+    assert source.files == expected
+    assert open_checkpoint(source).source.files == expected
+    found = discover(root)
+    assert [(f.path, f.files) for f in found.checkpoints] == [(folder, expected)]
+    from safetensors import safe_open
+
+    from ckptport.sources import sha256_files
+
+    out = tmp_path / "out.safetensors"
+    ckptport.normalize_file(folder, out)
+    with safe_open(out, "pt") as written:  # provenance: the hash of the layout's files
+        assert written.metadata()["ckptport.source_sha256"] == sha256_files(expected)

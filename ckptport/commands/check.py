@@ -36,8 +36,7 @@ from ..errors import (
     OptionError,
 )
 from ..progress import Progress, no_progress
-from ..readers import open_checkpoint
-from ..readers.folders import tag_for, tag_somewhere
+from ..readers import open_checkpoint, tag_for, tag_somewhere
 from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..tree import TextEnum

@@ -23,8 +23,7 @@ from ..analysis.manifests import (
 from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
 from ..progress import Progress, no_progress
-from ..readers import open_checkpoint
-from ..readers.folders import tag_for, tag_somewhere
+from ..readers import open_checkpoint, tag_for, tag_somewhere
 from ..rules import NormalizeOptions, Recipe
 
 __all__ = ["diff", "DiffReport"]

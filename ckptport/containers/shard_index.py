@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..sources import check_regular
 from ..tree import KEY_ALIASES
 
-__all__ = ["ShardIndex", "parse_index", "find_index", "SHARD_EXTENSIONS", "MAX_INDEX_BYTES"]
+__all__ = ["ShardIndex", "parse_index", "SHARD_EXTENSIONS", "MAX_INDEX_BYTES"]
 
 SHARD_EXTENSIONS = {".safetensors": Format.SAFETENSORS_SHARDS, ".bin": Format.TORCH_SHARDS,
                     ".pt": Format.TORCH_SHARDS, ".pth": Format.TORCH_SHARDS}
@@ -37,18 +37,6 @@ class ShardIndex:
     # ckptport's record of tied names it left out (alias -> kept name), a claim the
     # reader checks; the hub's own sets have none
     aliases: dict[str, str] = field(default_factory=dict)
-
-
-def find_index(folder: Path) -> Path | None:
-    """The one ``*.index.json`` in ``folder``; None when there is none."""
-    try:
-        indexes = sorted(p for p in folder.iterdir() if p.name.endswith(".index.json"))
-    except OSError as exc:
-        raise InputError.from_os_error(exc, folder) from None
-    if len(indexes) > 1:
-        names = ", ".join(p.name for p in indexes)
-        raise InputError(f"holds several shard indexes ({names}); name one", folder)
-    return indexes[0] if indexes else None
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -1,23 +1,30 @@
-"""Readers: one per container format, one resolver, one dispatch.
+"""Readers: one per container format or layout, one resolver, one dispatch.
 
-``resolve`` decides once what a path names (a checkpoint file, a shard set,
-a DCP folder, a Hugging Face model folder) and opens it; ``open_checkpoint``
-hands the source to the one reader that claims it. Every command reads
-through here: ``inspect``, ``check`` and the manifest get described
-tensors (no torch), ``normalize`` and ``diff`` the same checkpoint and read
-tensor bytes by position, and ``ckptport.read`` turns the described
-tensors into torch tensors mapped from the file. No reader executes code
-from the file unless the caller passes ``trust=True``.
+``resolve`` decides once what a path names: the readers' layouts are asked,
+in ``READERS`` order and from names alone, whether the path is one of theirs
+(a DCP, DeepSpeed or rank-file folder, a shard set, a model folder) and which
+files it covers; a plain file is opened and ``open_checkpoint`` hands it to
+the one reader that claims its bytes. Folder searches (``discover``),
+``check``, hub folders, snapshots and provenance ask the same layouts
+(``layout_of``) and get the same files. Every command reads through here:
+``inspect``, ``check`` and the manifest get described tensors (no torch),
+``normalize`` and ``diff`` the same checkpoint and read tensor bytes by
+position, and ``ckptport.read`` turns the described tensors into torch
+tensors mapped from the file. No reader executes code from the file unless
+the caller passes ``trust=True``.
 
 To add a reader: write a module with a class that has ``format``,
-``claims(source)`` and ``load(source, options)``, and add an instance to
-``READERS`` below.
+``claims(source)`` (from the bytes of a file) and ``load(source, options)``;
+to add a layout, a class with ``layout(folder, names, name, tag)`` (from
+names) and ``load``; and add an instance to ``READERS`` below.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
@@ -27,62 +34,81 @@ from ..tensors import to_torch
 from ..tree import SCALARS, is_tensor, map_tree
 from ..unpickle.values import Device, Size
 from . import budget
-from .base import NotDescribable, Reader, ReadOptions, Source, SourceKind
-from .dcp import DcpReader, dcp_metadata
-from .deepspeed import DeepSpeedReader, tag_files, tag_folder
-from .folders import FolderKind, folder_kind, not_one_checkpoint, weights_file
+from .base import Layout, LayoutReader, Names, NotDescribable, Reader, ReadOptions, Source
+from .dcp import DcpReader
+from .deepspeed import DeepSpeedReader
+from .folders import ModelFolder, TrainingState, listing, not_one_checkpoint
 from .legacy import LegacyReader
-from .ranks import RankFilesReader, rank_files
+from .ranks import RankFilesReader
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
-           "READERS", "Reader", "ReadOptions", "Source", "SourceKind", "NotDescribable",
-           "is_checkpoint_folder", "check_named"]
+           "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
+           "NotDescribable", "layout_of", "is_checkpoint_folder", "check_named", "tag_for",
+           "tag_somewhere"]
+
+
+def layout_of(folder: Any, names: Names, name: str | None = None, tag: str | None = None
+              ) -> Layout | None:
+    """What ``folder`` (``names`` its entries) or its file ``name`` (``names`` None) is as
+    one checkpoint: the first layout of ``READERS`` that names it; None: no layout's.
+
+    ``folder`` is a ``Path`` or a remote folder (a ``RemotePath``); a layout that is
+    broken as named (a ``latest`` naming no tag) is an ``InputError``.
+    """
+    for reader in READERS:
+        if isinstance(reader, LayoutReader):
+            found = reader.layout(folder, names, name, tag)
+            if found is not None:
+                return found
+    return None
+
+
+def _local_layout(given: Path, tag: str | None) -> Layout | None:
+    if given.is_dir():
+        return layout_of(given, listing(given), None, tag)
+    return layout_of(given.parent, None, given.name, tag)
 
 
 def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
-    """What ``path`` names, decided once (``readers.folders`` for a folder) and opened;
-    ``tag`` picks a DeepSpeed save folder's tag (default: the one ``latest`` names)."""
-    from ..containers.shard_index import find_index, parse_index
-    from ..containers.sniff import sniff
+    """What ``path`` names, decided once by the readers' layouts, and opened; ``tag`` picks
+    a tagged layout's tag (a DeepSpeed save folder's; default: the one ``latest`` names)."""
     from ..remote.urls import is_remote
 
-    if tag is not None and (is_remote(path) or not (
-            Path(path).is_dir() and folder_kind(Path(path)) is FolderKind.DEEPSPEED)):
-        raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder", path)
     if is_remote(path):  # a URL: opened by range, then read as a local file is
+        if tag is not None:
+            raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder",
+                              path)
         from ..remote import location
         from .remote import resolve_url
 
         return resolve_url(location(path))  # type: ignore[arg-type]
     given = Path(path)
-    target = given
-    if given.is_dir():
-        kind = folder_kind(given)
-        if kind is FolderKind.DCP:
-            return Source(given, SourceKind.DCP, given, (dcp_metadata(given),), Format.DCP)
-        if kind is FolderKind.DEEPSPEED:
-            folder = tag_folder(given, tag)
-            assert folder is not None
-            return Source(given, SourceKind.DEEPSPEED, folder, tag_files(folder))
-        if kind is FolderKind.RANKS:
-            ranks = rank_files(given)
-            assert ranks is not None
-            return Source(given, SourceKind.RANKS, given, tuple(ranks.values()))
-        if kind is FolderKind.CHECKPOINTS:
-            raise not_one_checkpoint(given)
-        index = find_index(given)
-        target = index if index is not None else weights_file(given)
-    if target.name.endswith(".index.json"):
-        parsed = parse_index(target)
-        return Source(given, SourceKind.SHARDS, target, (target, *parsed.shards),
-                      parsed.format, index=parsed)
-    file = open_source(target)
+    layout = _local_layout(given, tag)
+    if tag is not None and (layout is None or layout.tag is None):
+        raise OptionError(f"--tag {tag}: the path is not a DeepSpeed checkpoint folder", path)
+    return source_of(given, layout)
+
+
+def source_of(given: Any, layout: Layout | None) -> Source:
+    """The source a layout names (its files, read by its reader), or the file ``given``
+    (or the layout's one file) opened, its container sniffed from its bytes."""
+    from ..containers.sniff import sniff
+
+    if layout is not None and layout.many is not None:
+        raise InputError(layout.many, given)
+    if layout is not None and layout.reader is not None:
+        return Source(given, layout.main, layout.files, layout.format, index=layout.index,
+                      layout=layout)
+    if layout is None and given.is_dir():
+        raise not_one_checkpoint(given)
+    target = given if layout is None else layout.main
+    file = target.opened() if not isinstance(target, Path) else open_source(target)
     fmt = sniff(file)
     check_named(target, fmt)
-    return Source(given, SourceKind.FILE, target, (target,), fmt, file)
+    return Source(given, target, (target,), fmt, file, layout=layout)
 
 
 def check_named(target: Path, fmt: Format | None) -> None:
@@ -95,8 +121,34 @@ def check_named(target: Path, fmt: Format | None) -> None:
 
 
 def is_checkpoint_folder(path: Path) -> bool:
-    """A folder that is one checkpoint (not a folder of them: that is folder mode's)."""
-    return path.is_dir() and folder_kind(path) is not FolderKind.CHECKPOINTS
+    """A folder that is one checkpoint (not a folder of them: that is folder mode's); a
+    layout broken as named is one, so that reading it says why."""
+    if not path.is_dir():
+        return False
+    try:
+        layout = _local_layout(path, None)
+    except CkptportError:
+        return True
+    return layout is not None and layout.many is None
+
+
+def tag_for(path: Any, tag: str | None) -> str | None:
+    """``--tag`` where it applies: a tagged layout (a DeepSpeed save folder); any other path
+    reads as is (one whose layout is broken gets it, so that reading it says why)."""
+    if tag is None or not isinstance(path, (str, os.PathLike)) or not Path(path).is_dir():
+        return None
+    try:
+        layout = _local_layout(Path(path), None)
+    except CkptportError:
+        return tag
+    return tag if layout is not None and layout.tag is not None else None
+
+
+def tag_somewhere(paths: Iterable[object], tag: str | None) -> None:
+    """Refuse ``--tag`` when none of ``paths`` is a DeepSpeed save folder: each would be
+    read as it is, and the run would pass for the tag the user named."""
+    if tag is not None and not any(tag_for(p, tag) for p in paths):
+        raise OptionError(f"--tag {tag}: no path given is a DeepSpeed checkpoint folder")
 
 
 def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
@@ -104,15 +156,18 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
                            max_expansion=options.max_expansion)
 
 
-READERS: tuple[Reader, ...] = (TorchZipReader(), TorchScriptReader(), LegacyReader(),
-                               SafetensorsReader(), ShardsReader(_load_file),
-                               DcpReader(_load_file), DeepSpeedReader(_load_file),
-                               RankFilesReader(_load_file))
+# the registry, in the order layouts are asked (names) and files claimed (bytes)
+READERS: tuple[Reader | LayoutReader, ...] = (
+    TorchZipReader(), TorchScriptReader(), LegacyReader(), SafetensorsReader(),
+    DcpReader(_load_file), DeepSpeedReader(_load_file), RankFilesReader(_load_file),
+    TrainingState(), ShardsReader(_load_file), ModelFolder())
 
 
 def _reader_for(source: Source) -> Reader:
+    if source.layout is not None and source.layout.reader is not None:
+        return source.layout.reader  # type: ignore[no-any-return]
     for reader in READERS:
-        if reader.claims(source):
+        if not isinstance(reader, LayoutReader) and reader.claims(source):
             return reader
     if source.file is not None and source.format is None:
         head = source.file.read(0, min(source.file.size, 8))
@@ -168,7 +223,7 @@ def load_bytes(file: SourceFile) -> Checkpoint:
     """A checkpoint held in memory (a value ``torch.save``'d inside a DCP item)."""
     from ..containers.sniff import sniff
 
-    source = Source(file.path, SourceKind.FILE, file.path, (file.path,), sniff(file), file)
+    source = Source(file.path, file.path, (file.path,), sniff(file), file)
     if source.format not in (Format.TORCH_ZIP, Format.TORCH_LEGACY):
         raise InputError("an embedded value that is not a torch.save'd pickle", file.path)
     return open_checkpoint(source)

@@ -1,10 +1,12 @@
 """What every reader shares: the source resolved once, the options, the interface.
 
-A ``Source`` is what a path names, decided once: a checkpoint file (its
-container sniffed from its bytes, opened for positional reads), a shard
-set (its index parsed), a DCP folder. A ``Reader`` claims sources and
-loads them into a ``Checkpoint`` whose tensors are described
-(``TensorInfo``, read by position when needed) wherever the format allows;
+A ``Layout`` is what a path names as one checkpoint, decided by the reader
+that knows the layout, from names alone: the path it reads and every file it
+covers. A ``Source`` is a path resolved once: its layout, or a checkpoint
+file (its container sniffed from its bytes, opened for positional reads).
+A ``Reader`` claims a file from its bytes, a ``LayoutReader`` names its
+layouts; either loads a source into a ``Checkpoint`` whose tensors are
+described (``TensorInfo``, read by position when needed) wherever the format allows;
 ``ckptport.read`` turns those into torch tensors afterwards, so the
 torch-free path (inspect, check, manifest) and the torch path (normalize,
 diff, read) start from the same parse of the same bytes.
@@ -12,12 +14,11 @@ diff, read) start from the same parse of the same bytes.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
@@ -28,8 +29,12 @@ from .budget import largest
 if TYPE_CHECKING:
     from ..containers.shard_index import ShardIndex
 
-__all__ = ["ReadOptions", "SourceKind", "Source", "Reader", "refusal", "pickle_facts",
-           "NotDescribable"]
+__all__ = ["ReadOptions", "Layout", "Source", "Reader", "LayoutReader", "Names", "refusal",
+           "pickle_facts", "NotDescribable"]
+
+# a folder's entries by name: files as named, folders with a trailing "/"; None where a
+# file was named (a layout named by one file, a shard index, needs no listing)
+Names = frozenset[str] | None
 
 
 @dataclass(frozen=True)
@@ -44,29 +49,47 @@ class ReadOptions:
     max_expansion: float | None = None  # readers.budget's ratio (None: the default)
 
 
-class SourceKind(str, enum.Enum):
-    FILE = "file"
-    SHARDS = "shards"
-    DCP = "dcp"
-    DEEPSPEED = "deepspeed"
-    RANKS = "ranks"
+@dataclass(frozen=True)
+class Layout:
+    """One checkpoint as its reader names it, from names alone.
+
+    ``main`` is what is read (a folder, a shard index, a model folder's
+    weights file) and ``files`` every file the layout covers: what every
+    command snapshots, hashes, records and gates, one list for all. ``reader``
+    loads it (None: ``main`` is one file, read by the reader that claims its
+    bytes). ``tag`` is the tag a tagged layout picked (DeepSpeed); ``quiet``
+    the files beside it that the layout names but that hold no checkpoint
+    (``latest``, ``config.json``), which a folder search does not list as
+    unchecked; ``many`` says why the folder is a folder of checkpoints rather
+    than one (each of its files read on its own).
+    """
+
+    main: Any  # Path, or a remote path
+    files: tuple[Any, ...]
+    reader: Any = None  # a LayoutReader, or None
+    format: Format | None = None
+    tag: str | None = None
+    quiet: tuple[Any, ...] = ()
+    many: str | None = None
+    index: ShardIndex | None = None
 
 
 @dataclass(frozen=True)
 class Source:
-    """A path resolved once: what it is, the file to read, every file its bytes come from.
+    """A path resolved once: its layout, the file or folder to read, every file it covers.
 
     ``file`` is the open checkpoint file (single-file sources), ``format``
-    its container from its bytes; ``index`` the parsed shard index.
+    its container from its bytes; ``index`` the parsed shard index;
+    ``layout`` what the path names, when a reader's layout named it.
     """
 
     path: Path
-    kind: SourceKind
     main: Path
     files: tuple[Path, ...]
     format: Format | None = None
     file: SourceFile | None = None
     index: ShardIndex | None = None
+    layout: Layout | None = field(default=None, compare=False, repr=False)
     parses: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def parsed(self, what: str, parse: Callable[[], Any]) -> Any:
@@ -81,7 +104,7 @@ class NotDescribable(Exception):
 
 
 class Reader(Protocol):
-    """One container format: which sources it claims, and how it loads them."""
+    """One container format: which files it claims, from their bytes, and how it loads them."""
 
     format: Format
 
@@ -90,6 +113,21 @@ class Reader(Protocol):
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         """The checkpoint, tensors described where the format allows (torch-free)."""
         ...
+
+
+@runtime_checkable
+class LayoutReader(Protocol):
+    """A layout of files: which paths are one, from names alone, and which files it covers.
+
+    ``layout(folder, names, name, tag)`` answers for ``folder`` itself (``name`` None,
+    ``names`` its entries) or for its file ``name`` (``names`` None); None: not this
+    layout. It may read a name-bearing file (a ``latest``, a shard index), never a
+    checkpoint's bytes, and refuses (``InputError``) a layout it knows to be broken.
+    The layout's ``reader`` then loads the source.
+    """
+
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None: ...
 
 
 def refusal(exc: PickleRefused, path: Path) -> CkptportError:

@@ -37,10 +37,9 @@ from ..errors import CkptportError, InputError
 from ..sources import MemorySource, check_regular
 from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
-from .base import ReadOptions, Source, SourceKind
+from .base import Layout, Names, ReadOptions, Source
 
-__all__ = ["DcpReader", "is_dcp", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE",
-           "LIGHTNING_META"]
+__all__ = ["DcpReader", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
 
 METADATA_FILE = ".metadata"
 LIGHTNING_META = "meta.pt"
@@ -48,12 +47,6 @@ MAX_PATH_DEPTH = 64
 _DCP = "torch.distributed.checkpoint"
 
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
-
-
-def is_dcp(folder: Path) -> bool:
-    """A DCP folder: its ``.metadata``, or ``*.distcp`` data files that lost it (one checkpoint
-    either way; reading the second is an error naming what is missing)."""
-    return (folder / METADATA_FILE).is_file() or any(folder.glob("*.distcp"))
 
 
 def dcp_metadata(folder: Path) -> Path:
@@ -226,7 +219,7 @@ def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]
 
     facts = {
         "dcp.items": str(len(metadata.state_dict_metadata)),
-        "dcp.data_files": ", ".join(f.name for f in files[1:]),
+        "dcp.data_files": ", ".join(f.name for f in files if f.suffix == ".distcp"),
         "dcp.planner_data": json.dumps({fqn: [str(p) for p in path]
                                         for fqn, path in paths.items()}),
     }
@@ -242,8 +235,18 @@ class DcpReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def claims(self, source: Source) -> bool:
-        return source.kind is SourceKind.DCP
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        """A DCP folder: its ``.metadata``, or ``*.distcp`` data files that lost it (one
+        checkpoint either way; reading the second is an error naming what is missing), and
+        Lightning's ``meta.pt`` beside them."""
+        if names is None:
+            return None
+        data = sorted(n for n in names if n.endswith(".distcp"))
+        if METADATA_FILE not in names and not data:
+            return None
+        covered = [n for n in (METADATA_FILE, *data, LIGHTNING_META) if n in names]
+        return Layout(folder, tuple(folder / n for n in covered), self, Format.DCP)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         import torch
@@ -258,9 +261,8 @@ class DcpReader:
         if not _plain_paths(paths, len(items)) or not all(isinstance(k, str) for k in items):
             raise InputError("corrupt DCP metadata: planner data or item names are not key "
                              "paths", folder)
-        files = (folder / METADATA_FILE, *sorted({folder / str(i.relative_path)
-                                                  for i in metadata.storage_data.values()}))
-        data_bytes = sum(f.stat().st_size for f in files[1:])
+        files = source.files
+        data_bytes = sum(f.stat().st_size for f in files if f.suffix == ".distcp")
         tree: dict[Any, Any] = {}
         for fqn, item in items.items():
             value: Any = None
@@ -288,11 +290,10 @@ class DcpReader:
                 raise InputError(f"corrupt DCP planner data for {fqn!r}", folder) from None
         meta_facts: dict[str, str] = {}
         meta = folder / LIGHTNING_META
-        if meta.is_file():
+        if meta in files:
             extra = self.load_file(meta, options)
             if isinstance(extra.tree, dict):
                 tree = {**extra.tree, **tree}
-                files = (*files, meta)
                 meta_facts["lightning.meta"] = LIGHTNING_META
         tensors = sum(isinstance(i, TensorStorageMetadata) for i in items.values())
         return Checkpoint(tree, SourceFacts(

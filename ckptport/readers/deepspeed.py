@@ -38,10 +38,10 @@ from ..errors import InputError
 from ..tensors import CHUNK_BYTES, Pending, TensorInfo, chunks, view_key
 from ..tree import is_tensor, rebuild_dict
 from .assembled import Run, assemble, flat_run
-from .base import ReadOptions, Source, SourceKind
+from .base import Layout, Names, ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
-__all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "is_deepspeed", "FORMAT", "LATEST"]
+__all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "FORMAT", "LATEST"]
 
 FORMAT = Format("deepspeed")
 LATEST = "latest"
@@ -65,11 +65,6 @@ def tag_files(folder: Path) -> tuple[Path, ...]:
                  if _MODEL.fullmatch(p.name) or _OPTIM.fullmatch(p.name))
 
 
-def is_deepspeed(path: Path) -> bool:
-    """Whether ``path`` is a DeepSpeed save folder (``latest``), a tag folder, or Lightning's."""
-    return _is_tag(path) or (path / LATEST).is_file() or _is_tag(path / LIGHTNING_TAG)
-
-
 def tag_folder(path: Path, tag: str | None = None) -> Path | None:
     """The tag folder ``path`` names: itself, ``tag`` (``--tag``) or else the one ``latest``
     names, or Lightning's ``checkpoint/``; None when ``path`` is not a DeepSpeed checkpoint."""
@@ -79,13 +74,15 @@ def tag_folder(path: Path, tag: str | None = None) -> Path | None:
         return path
     latest = path / LATEST
     if latest.is_file():
+        if os.path.realpath(latest) != os.path.join(os.path.realpath(path), LATEST):
+            raise InputError("is a link out of the checkpoint folder; not followed", latest)
         if latest.stat().st_size > _MAX_TAG:
             raise InputError("is not a tag name (too large)", latest)
         try:
-            tag = latest.read_text("utf-8").strip()
+            tag = latest.read_bytes().decode("utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read the tag: {exc}", latest) from None
-        if not tag or tag in (".", "..") or "/" in tag or "\\" in tag or "\0" in tag:
+        if not _plain_tag(tag):
             raise InputError(f"names {tag!r}, which is not a tag folder inside the checkpoint "
                              "folder; pass the tag folder itself", latest)
         folder = path / tag
@@ -103,7 +100,7 @@ def tag_folder(path: Path, tag: str | None = None) -> Path | None:
 
 def _named_tag(path: Path, tag: str) -> Path:
     """``--tag NAME``: that tag folder of the save folder ``path``, checked like ``latest``."""
-    if not tag or tag in (".", "..") or "/" in tag or "\\" in tag or "\0" in tag:
+    if not _plain_tag(tag):
         raise InputError(f"--tag {tag!r} is not a tag folder's name", path)
     folder = path / tag
     if not _is_tag(folder) or os.path.realpath(folder) != os.path.join(os.path.realpath(path),
@@ -113,6 +110,13 @@ def _named_tag(path: Path, tag: str) -> Path:
         raise InputError(f"--tag {tag}: no such DeepSpeed tag folder here (tags: "
                          f"{', '.join(found) or 'none'})", path)
     return folder
+
+
+def _plain_tag(tag: str) -> bool:
+    """One folder name: no separator, no control character (a newline in ``latest`` is not a
+    name any folder of a checkpoint has), not ``.`` or ``..``."""
+    return bool(tag) and tag not in (".", "..") and not any(
+        c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in tag)
 
 
 class _Files:
@@ -221,8 +225,24 @@ class DeepSpeedReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def claims(self, source: Source) -> bool:
-        return source.kind is SourceKind.DEEPSPEED
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        """A DeepSpeed save folder (``latest``), a tag folder, or Lightning's (``checkpoint/``):
+        the tag's rank files (``tag`` or the one ``latest`` names)."""
+        if names is None:
+            return None
+        if not any(_MODEL.fullmatch(n) for n in names) and LATEST not in names \
+                and f"{LIGHTNING_TAG}/" not in names:
+            return None
+        if not isinstance(folder, Path):  # a remote folder: its reader reads local ones
+            return Layout(folder, (), self, FORMAT)
+        if LATEST not in names and not _is_tag(folder) and not _is_tag(folder / LIGHTNING_TAG):
+            return None
+        chosen = tag_folder(folder, tag)
+        if chosen is None:
+            return None
+        quiet = tuple(folder / n for n in (LATEST, "zero_to_fp32.py") if n in names)
+        return Layout(chosen, tag_files(chosen), self, FORMAT, chosen.name, quiet)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         folder = source.main

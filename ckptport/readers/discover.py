@@ -3,11 +3,15 @@
 A gate over a folder must look at every regular file that any loader could
 open, whatever its name: ``torch.load`` opens a ``.PT``, a ``.pth.tar`` or a
 file with no extension alike, and unpickles any file whose bytes start a
-pickle. So every regular file is classified by its bytes; shard sets and
-DCP folders are one checkpoint each (their index or metadata, and the files
-they name), and every other file is a checkpoint or a listed non-checkpoint
-with the reason, never silently passed over. Links are not followed out of
-the folder.
+pickle. So every folder and file is first asked of the readers' layouts
+(``readers.layout_of``, the question ``resolve`` asks): a DCP, DeepSpeed or
+rank-file folder and a shard set are one checkpoint each, covering the files
+their layout names (a layout broken as named, a ``latest`` naming no tag, is
+one checkpoint that reading reports); every other file is classified by its
+bytes: a checkpoint, or a listed non-checkpoint with the reason, never
+silently passed over, unless a layout names it as its own and it holds no
+checkpoint (a model folder's ``config.json``, a save folder's ``latest``).
+Links are not followed out of the folder.
 """
 
 from __future__ import annotations
@@ -19,9 +23,6 @@ from pathlib import Path
 from ..containers.sniff import sniff
 from ..errors import CkptportError, InputError
 from ..sources import open_source
-from .dcp import METADATA_FILE, is_dcp
-from .deepspeed import tag_files
-from .ranks import rank_files
 
 __all__ = ["Found", "Discovery", "discover", "inside"]
 
@@ -67,41 +68,37 @@ def _classify(path: Path) -> str | None:
         source.close()
 
 
-def _rank_set(folder: Path) -> tuple[Path, ...] | None:
-    """A DeepSpeed tag folder's rank files, or a set of two or more per-rank files: one
-    checkpoint (a single ``model_rank0.pt`` stays a file)."""
-    files = tag_files(folder)
-    if files:
-        return files
-    ranks = rank_files(folder)
-    return tuple(ranks.values()) if ranks is not None and len(ranks) > 1 else None
-
-
 def discover(root: Path) -> Discovery:
     """Every checkpoint under ``root`` and every other file, in path order."""
-    from ..containers.shard_index import parse_index
+    from . import layout_of
 
     found = Discovery()
     covered: set[Path] = set()
+    quiet: set[Path] = set()
+
+    def take(path: Path, folder: Path, names: frozenset[str] | None, name: str | None
+             ) -> None:
+        try:
+            layout = layout_of(folder, names, name)
+        except CkptportError as exc:  # broken as named: one checkpoint, reported when read
+            if exc.path is None or Path(exc.path) not in covered:  # not reported already
+                found.checkpoints.append(Found(path, (path,) if name else ()))
+                covered.add(path)
+            return
+        if layout is None or layout.many is not None:
+            return
+        quiet.update(layout.quiet)
+        if layout.reader is None or set(layout.files) <= covered:
+            return  # one file, classified by its bytes below; or found already
+        found.checkpoints.append(Found(Path(layout.main), layout.files))
+        covered.update(layout.files)
+
     for folder, dirs, names in os.walk(root, followlinks=False):
         here = Path(folder)
         dirs.sort()
-        if is_dcp(here):
-            files = (here / METADATA_FILE, *sorted(here.glob("*.distcp")))
-            found.checkpoints.append(Found(here, files))
-            covered.update(files)
-        elif (ranked := _rank_set(here)) is not None:
-            found.checkpoints.append(Found(here, ranked))
-            covered.update(ranked)
-        for name in sorted(names):
-            if name.endswith(".index.json"):
-                index = here / name
-                try:
-                    files = (index, *parse_index(index).shards)
-                except CkptportError:
-                    files = (index,)
-                found.checkpoints.append(Found(index, files))
-                covered.update(files)
+        for name in sorted(names):  # files that name a layout (a shard index)
+            take(here / name, here, None, name)
+        take(here, here, frozenset([*names, *(d + "/" for d in dirs)]), None)
     for folder, dirs, names in os.walk(root, followlinks=False):
         dirs.sort()
         for name in sorted(names):
@@ -114,7 +111,7 @@ def discover(root: Path) -> Discovery:
             reason = _classify(path)
             if reason is None:
                 found.checkpoints.append(Found(path, (path,)))
-            else:
+            elif path not in quiet:
                 found.others.append((path, reason))
     found.checkpoints.sort(key=lambda item: str(item.path))
     return found

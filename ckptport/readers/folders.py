@@ -1,39 +1,31 @@
-"""What a folder names: one checkpoint laid out in files, or a folder of checkpoints.
+"""The layouts of model folders, and of folders that hold several checkpoints.
 
-Every command asks this of a folder path, and they must agree: ``normalize``
-reads one checkpoint or runs folder mode, ``inspect`` and ``check`` read one
-or search many. So the answer has one home, here, used by ``resolve`` and the
-CLI alike. A folder is one checkpoint when it is
+Every command asks the readers' layouts (``readers.layout_of``, in
+``READERS`` order) what a folder names; the layouts of files that a
+library's reader loads one at a time live here:
 
-- a ``torch.distributed.checkpoint`` folder (``.metadata``, ``*.distcp``);
-- a DeepSpeed save or tag folder, or a folder of per-rank files;
-- a shard set (one ``*.index.json``);
 - a model folder with one weights file under a name its library gives it:
   Hugging Face ``model.safetensors``/``pytorch_model.bin``, diffusers
   ``diffusion_pytorch_model.*``, peft ``adapter_model.*`` (``config.json``,
-  tokenizer files and the like beside it are not checkpoints);
-
-and a folder of checkpoints otherwise, notably an accelerate ``save_state``
-folder: its ``model.safetensors`` sits beside ``optimizer.bin``,
-``random_states_0.pkl`` and more, each a checkpoint of its own, which
-reading the folder as the model alone would silently leave out.
+  tokenizer files and the like beside it are named by the layout, and hold
+  no checkpoint);
+- an accelerate ``save_state`` folder: its ``model.safetensors`` sits beside
+  ``optimizer.bin``, ``random_states_0.pkl`` and more, each a checkpoint of its
+  own, which reading the folder as the model alone would silently leave out:
+  a folder of checkpoints, read one file at a time (folder mode).
 """
 
 from __future__ import annotations
 
-import enum
-import os
-from collections.abc import Iterable
+import fnmatch
 from pathlib import Path
+from typing import Any
 
-from ..containers.shard_index import find_index
-from ..errors import InputError, OptionError
-from .dcp import is_dcp
-from .deepspeed import is_deepspeed
-from .ranks import rank_files
+from ..errors import InputError
+from .base import Layout, Names
 
-__all__ = ["FolderKind", "folder_kind", "tag_for", "tag_somewhere", "weights_file",
-           "not_one_checkpoint", "WEIGHT_FILES", "TRAINING_STATE"]
+__all__ = ["ModelFolder", "TrainingState", "listing", "not_one_checkpoint", "WEIGHT_FILES",
+           "TRAINING_STATE"]
 
 # a library's weights file in a model folder, by the name the library gives it
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "diffusion_pytorch_model.safetensors",
@@ -41,70 +33,60 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "diffusion_pytorch_mod
 # what accelerate's save_state writes beside the model: checkpoints of their own
 TRAINING_STATE = ("optimizer*.bin", "optimizer*.pt", "scheduler*.bin", "scheduler*.pt",
                   "sampler*.bin", "random_states_*.pkl", "scaler*.pt", "custom_checkpoint_*.pkl")
+# what a model folder holds beside its weights: configs, tokenizers, cards, code
+COMPANIONS = ("*.json", "*.md", "*.txt", "*.model", "*.yaml", "*.yml", "*.py", "*.jinja",
+              "*.tiktoken", ".gitattributes", "LICENSE*")
 
 
-class FolderKind(enum.Enum):
-    DCP = "dcp"
-    DEEPSPEED = "deepspeed"
-    RANKS = "rank files"
-    SHARDS = "shard set"
-    WEIGHTS = "model folder"
-    CHECKPOINTS = "folder of checkpoints"
+def listing(folder: Path) -> frozenset[str]:
+    """``folder``'s entries by name, folders with a trailing ``/`` (what layouts decide from)."""
+    try:
+        return frozenset(p.name + "/" if p.is_dir() else p.name for p in folder.iterdir())
+    except OSError as exc:
+        raise InputError.from_os_error(exc, folder) from None
 
 
-def folder_kind(folder: Path) -> FolderKind:
-    """What ``folder`` holds, decided from its names only (nothing is opened)."""
-    if is_dcp(folder):
-        return FolderKind.DCP
-    if is_deepspeed(folder):
-        return FolderKind.DEEPSPEED
-    if rank_files(folder) is not None:
-        return FolderKind.RANKS
-    if _training_state(folder):
-        return FolderKind.CHECKPOINTS
-    if find_index(folder) is not None:
-        return FolderKind.SHARDS
-    if any((folder / name).exists() for name in WEIGHT_FILES):
-        return FolderKind.WEIGHTS
-    return FolderKind.CHECKPOINTS
+def _companions(folder: Any, names: frozenset[str], taken: str) -> tuple[Any, ...]:
+    return tuple(folder / n for n in sorted(names) if n != taken and any(
+        fnmatch.fnmatchcase(n, pattern) for pattern in COMPANIONS))
 
 
-def tag_somewhere(paths: Iterable[object], tag: str | None) -> None:
-    """Refuse ``--tag`` when none of ``paths`` is a DeepSpeed save folder: each would be
-    read as it is, and the run would pass for the tag the user named."""
-    if tag is not None and not any(isinstance(p, (str, os.PathLike)) and tag_for(Path(p), tag)
-                                   for p in paths):
-        raise OptionError(f"--tag {tag}: no path given is a DeepSpeed checkpoint folder")
+class ModelFolder:
+    """A model folder: its one weights file (safetensors first, as libraries load it)."""
+
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        chosen = next((n for n in WEIGHT_FILES if names is not None and n in names), None)
+        if chosen is None:
+            return None
+        return Layout(folder / chosen, (folder / chosen,), quiet=_companions(folder, names or
+                                                                             frozenset(), chosen))
 
 
-def tag_for(path: Path, tag: str | None) -> str | None:
-    """``--tag`` where it applies: a DeepSpeed save folder (any other path reads as is)."""
-    return tag if tag is not None and path.is_dir() and \
-        folder_kind(path) is FolderKind.DEEPSPEED else None
+class TrainingState:
+    """An accelerate ``save_state`` folder: the model beside the training state, a folder of
+    checkpoints."""
 
-
-def _training_state(folder: Path) -> list[str]:
-    return sorted({p.name for pattern in TRAINING_STATE for p in folder.glob(pattern)})
-
-
-def weights_file(folder: Path) -> Path:
-    """The one weights file of a model folder (safetensors first, as libraries load it)."""
-    for name in WEIGHT_FILES:
-        if (folder / name).exists():
-            return folder / name
-    raise not_one_checkpoint(folder)
-
-
-def not_one_checkpoint(folder: Path) -> InputError:
-    """Why a folder cannot be read as one checkpoint, and what to do instead."""
-    state = _training_state(folder)
-    if state:
-        models = [name for name in WEIGHT_FILES if (folder / name).exists()]
-        return InputError(
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        state = _training_state(names or frozenset())
+        if not state:
+            return None
+        models = [n for n in WEIGHT_FILES if names is not None and n in names]
+        shown = [*models, *state]
+        return Layout(folder, (), many=(
             f"is a folder of checkpoints (an accelerate save_state folder: "
-            f"{', '.join([*models, *state][:5])}{' …' if len(models) + len(state) > 5 else ''})"
-            f": name the one to read (e.g. {folder / (models or state)[0]}), or normalize the "
-            "folder to a folder DST (folder mode)", folder)
+            f"{', '.join(shown[:5])}{' …' if len(shown) > 5 else ''}): name the one to read "
+            f"(e.g. {folder / shown[0]}), or normalize the folder to a folder DST (folder "
+            "mode)"))
+
+
+def _training_state(names: frozenset[str]) -> list[str]:
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in TRAINING_STATE))
+
+
+def not_one_checkpoint(folder: Any) -> InputError:
+    """Why a folder that no layout names cannot be read as one checkpoint."""
     return InputError(
         "is a directory with no checkpoint named as one in it (no *.index.json shard index, "
         "no model.safetensors/pytorch_model.bin, diffusion_pytorch_model.* or "

@@ -25,7 +25,7 @@ from ..tensors import view_key
 from ..tree import rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Run, assemble, box_runs
-from .base import ReadOptions, Source, SourceKind
+from .base import Layout, Names, ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
 __all__ = ["RankFilesReader", "rank_files", "one_rank", "FORMAT"]
@@ -36,17 +36,17 @@ _RANK = re.compile(r"(?i)(.*?rank[_-]?)(\d+)(.*\.(?:pt|pth|bin))")
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 
-def rank_files(folder: Path) -> dict[int, Path] | None:
+def rank_files(folder: Path, names: frozenset[str]) -> dict[int, Path] | None:
     """The folder's rank files by rank, when all its checkpoint files are one set of them
     (one name with the rank number in it: ``model_rank0.pt``, ``rank_1.pth``)."""
     sets: dict[tuple[str, str], dict[int, Path]] = {}
     others = 0
-    for path in sorted(folder.iterdir()):
-        match = _RANK.fullmatch(path.name)
+    for name in sorted(names):
+        match = _RANK.fullmatch(name)
         if match is None:
-            others += path.suffix.lower() in (".pt", ".pth", ".bin")
+            others += name.lower().endswith((".pt", ".pth", ".bin"))
             continue
-        sets.setdefault((match[1], match[3]), {})[int(match[2])] = path
+        sets.setdefault((match[1], match[3]), {})[int(match[2])] = folder / name
     if len(sets) != 1 or others:
         return None
     return next(iter(sets.values()))
@@ -106,12 +106,17 @@ class RankFilesReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def claims(self, source: Source) -> bool:
-        return source.kind is SourceKind.RANKS
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        """A folder whose checkpoint files are one set of rank files."""
+        ranks = None if names is None else rank_files(folder, names)
+        if ranks is None:
+            return None
+        return Layout(folder, tuple(ranks.values()), self, FORMAT)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         folder = source.main
-        files = rank_files(folder) or {}
+        files = rank_files(folder, frozenset(f.name for f in source.files)) or {}
         problems: list[str] = []
         try:
             return self._load(folder, files, options, problems)

@@ -1,40 +1,39 @@
 """A URL source: what ``resolve`` does for a local path, for an object over the network.
 
-The object is opened as a ``RemoteFile`` (a ``SourceFile`` reading by
-range) and then goes through the same sniff, the same name check and the
-same shard-index parse as a local file: a remote source is untrusted
-exactly like a local one. A ``RemotePath`` stands where ``Path`` does in
-``Source`` and ``SourceFacts``: it is path-like and prints its redacted URL.
+A URL naming an object is asked of the readers' layouts as a local file
+is (a ``*.index.json`` is a shard set); a hub folder (``hf://org/repo/``)
+as a local folder is, from the repository's names. The object is opened as
+a ``RemoteFile`` (a ``SourceFile`` reading by range) and goes through the
+same sniff, the same name check and the same shard-index parse as a local
+file: a remote source is untrusted exactly like a local one. A ``RemotePath``
+stands where ``Path`` does in ``Source`` and ``SourceFacts``: it is path-like
+and prints its redacted URL.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import cast
-
-from ..containers.shard_index import MAX_INDEX_BYTES, parse_index
-from ..containers.sniff import sniff
 from ..errors import InputError
-from ..remote import RemotePath, target
-from ..sources import SourceFile
-from .base import Source, SourceKind
-from .folders import WEIGHT_FILES
+from ..remote import RemotePath, folder_names
+from .base import Source
 
 __all__ = ["resolve_url"]
 
 
 def resolve_url(path: RemotePath) -> Source:
-    from . import check_named
+    from . import layout_of, source_of
 
-    remote = target(path, WEIGHT_FILES)
-    named = cast(Path, remote)
-    file = cast(SourceFile, remote.opened())  # a RemoteFile: a SourceFile
-    if remote.name.endswith(".index.json"):
-        if file.size > MAX_INDEX_BYTES:
-            raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", remote)
-        parsed = parse_index(named, data=file.read(0, file.size))
-        return Source(named, SourceKind.SHARDS, named, (named, *parsed.shards), parsed.format,
-                      index=parsed)
-    fmt = sniff(file)
-    check_named(named, fmt)
-    return Source(named, SourceKind.FILE, named, (named,), fmt, file)
+    names = folder_names(path)
+    if names is None:  # an object
+        layout = layout_of(path.parent, None, path.name)
+    else:
+        layout = layout_of(path, names)
+        if layout is None:
+            raise InputError("is a repository folder with no checkpoint in it (no "
+                             "*.index.json shard index, no weights file a model folder is "
+                             "read by)", path)
+    if names is not None and layout is not None and layout.reader is not None and \
+            layout.main == path:  # the folder itself: DCP, DeepSpeed, rank files
+        raise InputError(f"is a {layout.format or 'checkpoint'} folder, which is read from "
+                         "local files; remote sources are files, shard sets and model "
+                         "folders: download the folder and read it locally", path)
+    return source_of(path, layout)

@@ -17,13 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
+from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
-from .base import ReadOptions, Source, SourceKind
+from .base import Layout, Names, ReadOptions, Source
 from .budget import largest as biggest
 
 __all__ = ["ShardsReader"]
 
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
+
+
+def _parsed(index: Any) -> ShardIndex:
+    """The index parsed: a local one checked against its folder, a remote one (a
+    ``RemotePath``) from its fetched bytes, its shards named next to it."""
+    if isinstance(index, Path):
+        return parse_index(index)
+    file = index.opened()
+    if file.size > MAX_INDEX_BYTES:
+        raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
+    return parse_index(index, data=file.read(0, file.size))
 
 
 class ShardsReader:
@@ -32,8 +44,20 @@ class ShardsReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def claims(self, source: Source) -> bool:
-        return source.kind is SourceKind.SHARDS
+    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+               ) -> Layout | None:
+        """A ``*.index.json`` named, or the one in ``folder``: the index and its shards."""
+        if names is not None:
+            indexes = sorted(n for n in names if n.endswith(".index.json"))
+            if len(indexes) > 1:  # a folder of shard sets, each read on its own
+                return Layout(folder, (), many=f"holds several shard indexes "
+                              f"({', '.join(indexes)}); name one")
+            name = indexes[0] if indexes else None
+        if name is None or not name.endswith(".index.json"):
+            return None
+        parsed = _parsed(folder / name)
+        return Layout(parsed.path, (parsed.path, *parsed.shards), self, parsed.format,
+                      index=parsed)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         index = source.index

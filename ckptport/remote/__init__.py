@@ -1,8 +1,8 @@
 """Checkpoints where they live: ``hf://``, ``s3://`` and ``http(s)://`` sources, read by range.
 
 A URL becomes a ``RemotePath`` (``location``), the path-like that prints
-its redacted URL; ``target`` says which object it names (a hub repository
-reads as its weights, as a local Hugging Face folder does); opening it
+its redacted URL; ``folder_names`` lists a hub folder for the readers' layouts (a hub
+repository reads as its weights, as a local Hugging Face folder does); opening it
 gives a ``RemoteFile``, a ``SourceFile``, after which every reader, rule,
 writer and report works as on a local file and cannot tell the difference.
 ``readers.resolve`` calls ``readers.remote`` for a URL, which uses this
@@ -17,7 +17,6 @@ boto3 load when a URL is opened.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
@@ -25,7 +24,7 @@ from .deadline import Timeout, Transfers
 from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, redact
 
 __all__ = ["RemotePath", "RemoteURL", "Timeout", "Transfers", "is_remote", "location",
-           "parse_url", "redact", "target"]
+           "parse_url", "redact", "folder_names"]
 
 
 def location(raw: str | os.PathLike[str], transfers: Transfers | None = None
@@ -44,15 +43,14 @@ def location(raw: str | os.PathLike[str], transfers: Transfers | None = None
     return RemotePath(parse_url(text), opener=open_remote, transfers=transfers)
 
 
-def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
-    """The object ``path`` names: itself, or a hub repository's (or folder's) weights:
-    its shard index, else the first of ``weight_files`` it holds (the names a local
-    model folder is read by, ``readers.folders.WEIGHT_FILES``).
+def folder_names(path: RemotePath) -> frozenset[str] | None:
+    """The names in the folder ``path`` names (files as named, folders with a trailing
+    ``/``), for the readers' layouts to decide from; None when it names an object.
 
-    Other folders are refused: a bucket or a web server cannot be listed the
-    same way everywhere, and folder mode is local. When the command will read
-    its source again (``sources.read_more_than_once``), the objects keep what
-    they fetch, this one and the shards next to it (they share ``pins``).
+    Only a hub repository (or a folder of one) is listed: a bucket or a web server cannot
+    be listed the same way everywhere, and folder mode is local. When the command will
+    read its source again (``sources.read_more_than_once``), the objects keep what they
+    fetch, this one and the shards next to it (they share ``pins``).
     """
     from ..sources import rereads_expected
 
@@ -60,7 +58,7 @@ def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
         path.pins[KEEP_FETCHED] = True
     url = path.url
     if url.key and not url.key.endswith("/"):
-        return path
+        return None
     if url.scheme != "hf":
         raise InputError("names a folder; folder mode reads local folders only: name a "
                          "checkpoint file or a *.index.json", path)
@@ -68,14 +66,5 @@ def target(path: RemotePath, weight_files: tuple[str, ...]) -> RemotePath:
 
     folder = url.key.strip("/")
     prefix = f"{folder}/" if folder else ""
-    names = [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)
-             and "/" not in f[len(prefix):]]
-    indexes = sorted(n for n in names if n.endswith(".index.json"))
-    if len(indexes) > 1:
-        raise InputError(f"holds several shard indexes ({', '.join(indexes)}); name one", path)
-    chosen = indexes or [n for n in weight_files if n in names]
-    if not chosen:
-        raise InputError("is a repository folder with no checkpoint in it (no *.index.json "
-                         f"shard index, no {' or '.join(weight_files)})", path)
-    return RemotePath(replace(url, key=prefix + chosen[0]), path.pins, path.opener,
-                      path.transfers)
+    inner = [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)]
+    return frozenset(n if "/" not in n else n.split("/", 1)[0] + "/" for n in inner)
