@@ -10,7 +10,6 @@ and by ckptport's report, and bounded: a report reads headers, not tensors.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -85,27 +84,16 @@ def s3(local: dict[str, Path]) -> Iterator[str]:
     """moto's S3 server holding the same files; yields its endpoint."""
     pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
-    from fixtures.servers import moto_server
+    from fixtures.servers import moto_environment
 
-    started = moto_server()
-    endpoint = f"http://127.0.0.1:{started._server.server_port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-                                            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
-                      AWS_SECRET_ACCESS_KEY="testingsecret", AWS_DEFAULT_REGION="us-east-1")
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="ckpts")
-    for name in ("safetensors", "pth"):
-        client.upload_file(str(local[name]), "ckpts", f"run/{local[name].name}")
-    for shard in local["shards"].iterdir():
-        client.upload_file(str(shard), "ckpts", f"shards/{shard.name}")
-    yield endpoint
-    started.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with moto_environment() as endpoint:
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="ckpts")
+        for name in ("safetensors", "pth"):
+            client.upload_file(str(local[name]), "ckpts", f"run/{local[name].name}")
+        for shard in local["shards"].iterdir():
+            client.upload_file(str(shard), "ckpts", f"shards/{shard.name}")
+        yield endpoint
 
 
 def _url(kind: str, scheme: str, server: ObjectServer) -> str:
@@ -527,11 +515,13 @@ def test_normalize_transfers_each_byte_once(server, local, run, tmp_path):
     assert _json(result)["transferred"]["bytes"] == server.stats.bytes_sent
 
 
-def test_dst_is_local(server, run, tmp_path):
-    result = run("normalize", server.url + "/model.pth", "s3://bucket/out.safetensors")
+def test_http_dst_is_refused(server, run, tmp_path):
+    """s3:// destinations are written (test_remote_dst.py); an https:// one is not."""
+    result = run("normalize", server.url + "/model.pth", server.url + "/out.safetensors")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "s3://bucket/out.safetensors: is a URL; DST is written locally" in result.stderr
-    assert not Path("s3:").exists()
+    assert f"{server.url}/out.safetensors: http:// destinations are not written" \
+        in result.stderr
+    assert not Path("http:").exists()
 
 
 def test_trust_reads_a_remote_object_as_a_local_file(server, local, run, tmp_path):

@@ -25,7 +25,7 @@ from .deadline import Timeout, bounded
 from .fetching import ATTEMPTS, NotFound, Transient, missing_extra, pieces, retrying
 from .urls import RemotePath, redact
 
-__all__ = ["open_s3", "S3Object"]
+__all__ = ["open_s3", "S3Object", "client", "refusal"]
 
 _lock = threading.Lock()
 
@@ -45,12 +45,16 @@ def _client(endpoint: str | None, timeout: Timeout) -> Any:
         return boto3.session.Session().client("s3", config=config)
 
 
-def open_s3(path: RemotePath) -> S3Object:
+def client(timeout: Timeout) -> Any:
+    """The client for the endpoint the environment names (AWS's own when none)."""
     import os
 
-    return S3Object(path, _client(os.environ.get("AWS_ENDPOINT_URL_S3")
-                                  or os.environ.get("AWS_ENDPOINT_URL"),
-                                  path.transfers.timeout))
+    return _client(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+                   timeout)
+
+
+def open_s3(path: RemotePath) -> S3Object:
+    return S3Object(path, client(path.transfers.timeout))
 
 
 class S3Object:
@@ -79,7 +83,7 @@ class S3Object:
         except DeadlineError:
             raise
         except Exception as exc:
-            raise _refusal(exc, self.path) from None
+            raise refusal(exc, self.path) from None
 
     def fetch_into(self, offset: int, buffer: memoryview) -> None:
         for start, piece in pieces(offset, buffer):
@@ -136,7 +140,7 @@ class S3Object:
         """The client's connection pool is shared by every object; nothing to close."""
 
 
-def _refusal(exc: Exception, path: RemotePath) -> Exception:
+def refusal(exc: Exception, path: RemotePath) -> Exception:
     """botocore's exceptions as one line: not found, denied, changed, or unreachable."""
     name = type(exc).__name__
     response = getattr(exc, "response", None) or {}

@@ -38,6 +38,7 @@ from .plan import (
 from .staging import StagedFile, os_error, staged_file
 
 if TYPE_CHECKING:
+    from ..remote.urls import RemotePath
     from .provenance import Provenance
 
 __all__ = ["OutputFormat", "FORMATS", "Kind", "register", "Destination", "WriteOptions",
@@ -72,12 +73,12 @@ class WriteOptions:
 
 @dataclass(frozen=True)
 class WriteResult:
-    path: Path
+    path: Path | RemotePath  # a URL for a remote destination (``writers.remote``)
     format: str  # the output format's name
     tensors: int
     bytes: int
     verified: bool
-    files: tuple[Path, ...] = ()
+    files: tuple[Path | RemotePath, ...] = ()
     notes: tuple[str, ...] = ()  # what the writer had to do that the rules did not
 
     def __post_init__(self) -> None:

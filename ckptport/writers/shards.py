@@ -14,19 +14,22 @@ does a set of one file. Every file is
 written into a temp folder inside DST and verified there; then the shards
 move into DST and the index last, so an index never names a shard that is
 not complete; stale weight files of the same naming pattern are removed
-after that.
+after that. Where the files go is a ``Sink``: a local folder, or a remote
+one (``writers.remote``) that uploads each file as soon as it is verified,
+so local disk holds one shard at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checkpoint import Checkpoint
 from ..errors import OutputError, OutputExistsError
@@ -37,7 +40,11 @@ from .formats import OutputFormat
 from .plan import Destination, same_file
 from .staging import fsync_dir, os_error, staged_file, staged_folder
 
-__all__ = ["ShardsWriter", "split_shards", "ShardNames", "without_aliases"]
+if TYPE_CHECKING:
+    from ..remote.urls import RemotePath
+
+__all__ = ["ShardsWriter", "split_shards", "ShardNames", "without_aliases", "Sink",
+           "LocalFolder"]
 
 
 @dataclass(frozen=True)
@@ -107,47 +114,33 @@ def split_shards(state: Mapping[str, Any], max_size: int) -> list[list[str]]:
     return shards
 
 
-class ShardsWriter:
-    """A shard set in the folder DST, in the hub's layout."""
+class Sink(Protocol):
+    """Where a shard set goes: files are written and verified in ``staging()``, handed to
+    ``staged`` one by one as each is verified, then published together, index last."""
 
-    def __init__(self, fmt: OutputFormat) -> None:
-        self.format = fmt
+    location: Path | RemotePath
 
-    def write(self, checkpoint: Checkpoint, destination: Destination,
-              options: WriteOptions) -> WriteResult:
-        folder = destination.path
-        state = checkpoint.tree
-        if not is_state_dict(state) or not all(is_tensor(v) for v in state.values()):
-            raise OutputError("a shard set holds a flat state dict of tensors, and the selected "
-                              "data holds more (e.g. --select all); write a single .pth", folder)
-        names = ShardNames.of(self.format)
-        self._check_folder(checkpoint, folder, names, options.overwrite)
-        # a file that stores each tensor once under one name (safetensors) leaves tied names
-        # out, as the hub does; a pickle (.bin) keeps both names over one storage
-        kept, aliases = without_aliases(state) if self.format.name == "safetensors" else \
-            (state, {})
-        assert destination.shard_size is not None
-        groups = split_shards(kept, destination.shard_size)
-        if len(groups) == 1:  # one file: it stores each tied tensor once and names the others
-            kept, aliases, groups = state, {}, [list(state)]
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with staged_folder(folder, "shards") as staging:
-                files = self._write_staged(staging, kept, groups, names, options, aliases)
-                options.precommit()
-                self._publish(staging, folder, files, names)
-        except OSError as exc:
-            raise os_error(exc, folder) from exc
-        notes = (f"left {len(aliases)} tied names out of the shards, as the hub does (models "
-                 "re-tie them on load; the index records them as ckptport.aliases): "
-                 + ", ".join(f"{a} = {k}" for a, k in aliases.items()),) if aliases else ()
-        return WriteResult(folder, self.format.name, count_tensors(kept), unique_bytes(kept),
-                           options.verify, files=tuple(folder / name for name in files),
-                           notes=notes)
+    def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
+        """Refuse before writing: the set would replace a source, or exists unasked."""
 
-    @staticmethod
-    def _check_folder(checkpoint: Checkpoint, folder: Path, names: ShardNames,
-                      overwrite: bool) -> None:
+    def staging(self) -> contextlib.AbstractContextManager[Path]: ...
+
+    def staged(self, path: Path) -> None:
+        """``path`` is complete and verified in the staging folder."""
+
+    def publish(self, staging: Path, files: list[str], names: ShardNames) -> None:
+        """Make ``files`` (the index last) appear; remove the set's stale files."""
+
+
+class LocalFolder:
+    """A shard set in a local folder: staged in a temp folder inside it, renamed in."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.location: Path | RemotePath = folder
+
+    def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
+        folder = self.folder
         for source in checkpoint.source.files:
             if same_file(source.parent, folder) and names.is_ours(source.name):
                 raise OutputError(f"holds the source {source.name}; write the set elsewhere",
@@ -158,9 +151,67 @@ class ShardsWriter:
                 raise OutputExistsError(f"already holds {', '.join(existing[:3])}; pass "
                                         "--overwrite to replace the set", folder)
 
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with staged_folder(self.folder, "shards") as staging:
+            yield staging
+
+    def staged(self, path: Path) -> None:
+        """Nothing to do: the file stays in the staging folder until published."""
+
+    def publish(self, staging: Path, files: list[str], names: ShardNames) -> None:
+        for name in files:  # the index is last in ``files``
+            os.replace(staging / name, self.folder / name)
+        for stale in self.folder.iterdir():
+            if names.is_ours(stale.name) and stale.name not in files:
+                stale.unlink()
+        fsync_dir(self.folder)
+
+
+class ShardsWriter:
+    """A shard set in the folder DST (or another ``Sink``), in the hub's layout."""
+
+    def __init__(self, fmt: OutputFormat, sink: Sink | None = None) -> None:
+        self.format = fmt
+        self.sink = sink
+
+    def write(self, checkpoint: Checkpoint, destination: Destination,
+              options: WriteOptions) -> WriteResult:
+        sink: Sink = self.sink or LocalFolder(destination.path)
+        folder = destination.path
+        state = checkpoint.tree
+        if not is_state_dict(state) or not all(is_tensor(v) for v in state.values()):
+            raise OutputError("a shard set holds a flat state dict of tensors, and the selected "
+                              "data holds more (e.g. --select all); write a single .pth",
+                              sink.location)
+        names = ShardNames.of(self.format)
+        sink.check(checkpoint, names, options.overwrite)
+        # a file that stores each tensor once under one name (safetensors) leaves tied names
+        # out, as the hub does; a pickle (.bin) keeps both names over one storage
+        kept, aliases = without_aliases(state) if self.format.name == "safetensors" else \
+            (state, {})
+        assert destination.shard_size is not None
+        groups = split_shards(kept, destination.shard_size)
+        if len(groups) == 1:  # one file: it stores each tied tensor once and names the others
+            kept, aliases, groups = state, {}, [list(state)]
+        try:
+            with sink.staging() as staging:
+                files = self._write_staged(staging, kept, groups, names, options, aliases, sink)
+                options.precommit()
+                sink.publish(staging, files, names)
+        except OSError as exc:
+            raise os_error(exc, folder) from exc
+        notes = (f"left {len(aliases)} tied names out of the shards, as the hub does (models "
+                 "re-tie them on load; the index records them as ckptport.aliases): "
+                 + ", ".join(f"{a} = {k}" for a, k in aliases.items()),) if aliases else ()
+        return WriteResult(sink.location, self.format.name, count_tensors(kept),
+                           unique_bytes(kept), options.verify,
+                           files=tuple(sink.location / name for name in files), notes=notes)
+
     def _write_staged(self, staging: Path, state: Mapping[str, Any], groups: list[list[str]],
                       names: ShardNames, options: WriteOptions,
-                      aliases: Mapping[str, str]) -> list[str]:
+                      aliases: Mapping[str, str], sink: Sink) -> list[str]:
         weight_map: dict[str, str] = {}
         files = []
         for number, keys in enumerate(groups, start=1):
@@ -169,6 +220,7 @@ class ShardsWriter:
             with staged_file(staging / name, overwrite=False) as out:
                 emit(self.format, shard, out, options)
                 out.publish()
+            sink.staged(staging / name)
             weight_map.update(dict.fromkeys(keys, name))
             files.append(name)
         if len(groups) > 1:
@@ -180,14 +232,6 @@ class ShardsWriter:
                 out.file.write(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
                 out.sync()
                 out.publish()
+            sink.staged(staging / names.index)
             files.append(names.index)
         return files
-
-    @staticmethod
-    def _publish(staging: Path, folder: Path, files: list[str], names: ShardNames) -> None:
-        for name in files:  # the index is last in ``files``
-            os.replace(staging / name, folder / name)
-        for stale in folder.iterdir():
-            if names.is_ours(stale.name) and stale.name not in files:
-                stale.unlink()
-        fsync_dir(folder)

@@ -19,7 +19,6 @@ from ...checkpoint import Format, SourceFacts
 from ...errors import InputError, OutputError, RuleError
 from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
-from ...remote import location
 from ...remote.urls import is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
@@ -28,6 +27,7 @@ from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
 from ...writers.provenance import Provenance
+from ...writers.remote import check_remote, plan_remote, write_remote
 
 __all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]
@@ -110,7 +110,9 @@ def normalize_file(
         src: any checkpoint ckptport reads (a file, a shard set, a DCP, DeepSpeed, rank-file
             or model folder, a URL), or a ``Source`` already resolved.
         dst: a file (format from its extension), a folder (an existing one, or a path
-            ending in a separator) for a shard set, or a folder with ``to="dcp"``.
+            ending in a separator) for a shard set, or a folder with ``to="dcp"``; or an
+            ``s3://BUCKET/KEY`` (``s3://BUCKET/PREFIX/`` for a shard set), uploaded and
+            verified on the server before it appears (``writers.remote``).
         options: which weights and keys (``--select``, ``--strip-prefix``, key steps,
             ``--dtype``); default ``NormalizeOptions()``.
         to: an output format's name (``writers.formats``); default from DST.
@@ -140,16 +142,21 @@ def normalize_file(
     """
     if metadata not in METADATA_CHOICES:
         raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
-    if is_remote(os.fspath(dst)):
-        raise OutputError("is a URL; DST is written locally (upload it with your own tools)",
-                          location(dst))
-    destination = plan_destination(dst, to, max_shard_size)
+    remote = plan_remote(dst, to, max_shard_size) if is_remote(os.fspath(dst)) else None
+    if remote is not None and hash_name:
+        raise OutputError("--hash-name names a local file; name the remote object yourself",
+                          remote.url)
+    destination = remote.local if remote is not None else plan_destination(dst, to,
+                                                                             max_shard_size)
     final_dst = destination.path
     if hash_name:
         destination = staging_destination(destination)
     with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
         source = src if isinstance(src, Source) else resolve(src, tag)
-    check_destination(source.files, destination, overwrite or hash_name)
+    if remote is not None:
+        check_remote(source.files, remote, overwrite)
+    else:
+        check_destination(source.files, destination, overwrite or hash_name)
     if manifest is not None and any(same_file(Path(manifest), p)
                                     for p in (*source.files, destination.path)):
         raise OutputError("is the source or DST; write the manifest elsewhere", manifest)
@@ -170,14 +177,16 @@ def normalize_file(
                             {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
     if hash_source:
         provenance.sha256()  # folder mode's journal wants it whatever the output
-    written = write_to(normalized.checkpoint, destination, WriteOptions(
+    write_options = WriteOptions(
         anchor=anchor, overwrite=overwrite or hash_name, verify=verify,
         provenance=provenance if records else None, progress=progress,
         precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
-        tap=None if digests is None else digests.tap))
+        tap=None if digests is None else digests.tap)
+    written = write_to(normalized.checkpoint, destination, write_options) if remote is None \
+        else write_remote(normalized.checkpoint, remote, write_options)
     sha256 = provenance.known_sha256()
-    if hash_name:
-        final = publish_hashed(written.path, final_dst, overwrite)
+    if hash_name:  # a local file (refused above for a URL)
+        final = publish_hashed(Path(written.path), final_dst, overwrite)
         written = replace(written, path=final, files=(final,))
     made = None
     if manifest is not None and digests is not None:

@@ -1,0 +1,359 @@
+"""``s3://`` destinations: multipart uploads that appear under their name only once verified.
+
+S3 cannot read an upload before it is completed, and a completed upload is
+visible at once under its key. So each file goes first to a staging key
+beside its destination (``PREFIX/.NAME.<random>.ckptport-tmp``):
+
+1. its parts are uploaded over several connections, each with its
+   ``Content-MD5`` (S3 refuses a part whose bytes arrived different);
+2. the upload is completed, and what the server stored is read back: the
+   size and ETag ``HeadObject`` gives (the multipart ETag is the MD5 of the
+   parts' MD5s, computed here from the local bytes), then every byte by
+   range, compared bit for bit with the local file (itself verified against
+   the source before it was uploaded);
+3. only then is it copied server-side (``UploadPartCopy``, part for part,
+   so the copy's ETag is the same content-derived ETag, checked again) to
+   its final key, and the staging object is deleted.
+
+A run that fails or is interrupted aborts its open multipart uploads and
+deletes its staging objects: nothing appears under a destination name, and
+no upload is left dangling. A process killed outright (SIGKILL, power) can
+leave a staging object or an incomplete upload; a bucket lifecycle rule
+(``AbortIncompleteMultipartUpload``, and expiry of ``*.ckptport-tmp``)
+cleans those. A shard set's files are published one by one, the index
+last (S3 has no transaction over several keys): a failure while
+publishing removes the files this run created.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import CkptportError, DeadlineError, OutputError, VerificationError
+from . import meter
+from .deadline import bounded
+from .fetching import Transient
+from .urls import RemotePath, RemoteURL
+
+__all__ = ["S3Store", "Staged", "Part", "multipart_etag", "part_size", "CONNECTIONS",
+           "TEMP_SUFFIX"]
+
+CONNECTIONS = 8  # parts uploaded, and ranges read back, at once
+MIN_PART = 5 << 20  # S3's smallest part (but the last)
+MAX_PARTS = 10_000
+PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
+READ_BACK = 8 << 20  # bytes compared per ranged read of the staged object
+TEMP_SUFFIX = ".ckptport-tmp"
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Part:
+    number: int
+    start: int
+    stop: int
+    md5: bytes
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.md5.hex()}"'
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One file uploaded to its staging key and verified there."""
+
+    name: str  # the destination name, relative to the store's folder
+    key: str  # the staging key
+    size: int
+    parts: tuple[Part, ...]
+
+    @property
+    def etag(self) -> str:
+        return multipart_etag([p.md5 for p in self.parts])
+
+
+def multipart_etag(md5s: Iterable[bytes]) -> str:
+    """The ETag S3 gives a completed multipart upload: the MD5 of the parts' MD5s, ``-N``."""
+    digests = list(md5s)
+    return f'"{hashlib.md5(b"".join(digests)).hexdigest()}-{len(digests)}"'
+
+
+def part_size(size: int) -> int:
+    """``PART_SIZE``, grown (by MiB) where the object would need more than 10,000 parts."""
+    wanted = max(MIN_PART, PART_SIZE, -(-size // MAX_PARTS))
+    return -(-wanted // (1 << 20)) * (1 << 20)
+
+
+def _ranges(size: int, step: int) -> list[tuple[int, int]]:
+    return [(a, min(size, a + step)) for a in range(0, size, step)] or [(0, 0)]
+
+
+def _parallel(work: Callable[[T], R], items: list[T], connections: int) -> list[R]:
+    """``work`` over ``items`` on ``connections`` threads, results in order; the first
+    failure (or Ctrl-C) cancels what has not started and waits for what has."""
+    if connections <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    pool = ThreadPoolExecutor(min(connections, len(items)), thread_name_prefix="ckptport-s3")
+    try:
+        futures = [pool.submit(work, item) for item in items]
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class S3Store:
+    """An ``s3://BUCKET/KEY`` or ``s3://BUCKET/PREFIX/`` destination being written.
+
+    ``name`` arguments are relative to the folder the URL names (the key's
+    folder for a file). Use as a context manager: leaving it with an
+    exception aborts every open upload and deletes every staging object.
+    """
+
+    def __init__(self, path: RemotePath, connections: int = CONNECTIONS) -> None:
+        from .s3 import client
+
+        self.path, self.url = path, path.url
+        self.bucket = self.url.host
+        self.folder = self.url.key if self.url.key.endswith("/") or not self.url.key \
+            else self.url.key.rsplit("/", 1)[0] + "/" if "/" in self.url.key else ""
+        self.transfers = path.transfers  # every call waits within a request's deadline
+        self.client = client(self.transfers.timeout)
+        self.connections = max(1, connections)
+        self.uploads: dict[str, str] = {}  # key -> upload id, not yet completed
+        self.staging: set[str] = set()  # staging objects not yet deleted
+        self.created: list[str] = []  # final keys this run made, removed if it fails
+
+    def where(self, name: str) -> RemotePath:
+        return RemotePath(RemoteURL("s3", self.bucket, self.folder + name),
+                          opener=self.path.opener, transfers=self.transfers)
+
+    def _call(self, operation: str, where: RemotePath | None = None, /, **params: Any) -> Any:
+        from .s3 import refusal
+
+        try:
+            return self._raw(operation, where, **params)
+        except DeadlineError:
+            raise
+        except Exception as exc:
+            made = refusal(exc, where or self.path)
+            if isinstance(made, Transient):
+                raise OutputError(f"{made} (gave up after botocore's retries)",
+                                  where or self.path) from None
+            assert isinstance(made, CkptportError)
+            raise OutputError(made.message, where or self.path) from None
+
+    def _raw(self, operation: str, where: RemotePath | None = None, /, **params: Any) -> Any:
+        """One call, waited for within a request's deadline; botocore's errors as raised."""
+        meter.add(0)
+        return bounded(lambda: getattr(self.client, operation)(Bucket=self.bucket, **params),
+                       self.transfers, self.transfers.request_ends(), where or self.path)
+
+    # -- what is there
+
+    def check_bucket(self) -> None:
+        """Fail now, before anything is read, if the bucket is missing or out of reach."""
+        try:
+            self._raw("head_bucket")
+        except DeadlineError:
+            raise
+        except Exception as exc:
+            code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise OutputError(f"no such bucket {self.bucket!r}", self.path) from None
+            self._call("head_bucket")  # the same failure, in the words every call uses
+
+    def exists(self, name: str) -> bool:
+        from .s3 import refusal
+
+        try:
+            self._raw("head_object", Key=self.folder + name)
+        except DeadlineError:
+            raise
+        except Exception as exc:
+            code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return False
+            made = refusal(exc, self.where(name))
+            raise OutputError(str(getattr(made, "message", made)), self.where(name)) from None
+        return True
+
+    def names(self) -> list[str]:
+        """The objects directly in the folder (not below it), staging objects left out."""
+        found: list[str] = []
+        token: dict[str, str] = {}
+        while True:
+            page = self._call("list_objects_v2", Prefix=self.folder, Delimiter="/", **token)
+            found += [o["Key"][len(self.folder):] for o in page.get("Contents", ())]
+            if not page.get("IsTruncated"):
+                return [n for n in found if not n.endswith(TEMP_SUFFIX)]
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    # -- staging
+
+    def stage(self, local: Path, name: str, verify: bool = True) -> Staged:
+        """Upload ``local`` to a staging key and check what the server stored: its size and
+        ETag, and with ``verify`` every byte read back."""
+        where = self.where(name)
+        key = f"{self.folder}.{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        size = local.stat().st_size
+        with open(local, "rb") as file:
+            fd = file.fileno()
+            upload = self._call("create_multipart_upload", where, Key=key)["UploadId"]
+            self.uploads[key] = upload
+
+            def send(item: tuple[int, tuple[int, int]]) -> Part:
+                number, (start, stop) = item
+                data = os.pread(fd, stop - start, start)
+                if len(data) != stop - start:
+                    raise OutputError("the local copy changed while it was uploaded", where)
+                md5 = hashlib.md5(data).digest()
+                answer = self._call("upload_part", where, Key=key, UploadId=upload,
+                                    PartNumber=number, Body=data,
+                                    ContentMD5=base64.b64encode(md5).decode())
+                if answer.get("ETag") != f'"{md5.hex()}"':
+                    raise VerificationError(f"S3 stored part {number} with ETag "
+                                            f"{answer.get('ETag')}, not the MD5 of its bytes",
+                                            where)
+                return Part(number, start, stop, md5)
+
+            items = list(enumerate(_ranges(size, part_size(size)), start=1))
+            parts = tuple(_parallel(send, items, self.connections))
+            staged = Staged(name, key, size, parts)
+            self._complete(key, upload, parts, where, overwrite=True)
+            self.staging.add(key)
+            self._check_stored(key, staged, where)
+            if verify:
+                self._read_back(fd, staged, where)
+        return staged
+
+    def _complete(self, key: str, upload: str, parts: tuple[Part, ...], where: RemotePath,
+                  overwrite: bool) -> None:
+        condition = {} if overwrite else {"IfNoneMatch": "*"}
+        try:
+            self._call("complete_multipart_upload", where, Key=key, UploadId=upload,
+                       MultipartUpload={"Parts": [{"ETag": p.etag, "PartNumber": p.number}
+                                                  for p in parts]}, **condition)
+        except OutputError as exc:
+            if "PreconditionFailed" in exc.message or "pre-conditions" in exc.message:
+                raise OutputError("exists (appeared while writing); pass --overwrite to replace "
+                                  "it", where) from None
+            raise
+        self.uploads.pop(key)  # on a failure ``discard`` aborts it
+
+    def _check_stored(self, key: str, staged: Staged, where: RemotePath) -> None:
+        """The size and ETag S3 gives the completed object are those of the local bytes."""
+        head = self._call("head_object", where, Key=key)
+        if int(head["ContentLength"]) != staged.size or head.get("ETag") != staged.etag:
+            raise VerificationError(f"S3 holds {head['ContentLength']} bytes with ETag "
+                                    f"{head.get('ETag')}; {staged.size} bytes with ETag "
+                                    f"{staged.etag} were uploaded", where)
+
+    def _read_back(self, fd: int, staged: Staged, where: RemotePath) -> None:
+        """Every byte of the staged object by range, compared with the local file."""
+        from .s3 import S3Object
+
+        remote = S3Object(RemotePath(RemoteURL("s3", self.bucket, staged.key),
+                                     transfers=self.transfers), self.client)
+        if remote.etag != staged.etag or remote.size != staged.size:
+            raise VerificationError("the staged object changed before it was read back", where)
+
+        def compare(span: tuple[int, int]) -> None:
+            start, stop = span
+            got = memoryview(bytearray(stop - start))
+            try:
+                remote.fetch_into(start, got)
+            except CkptportError as exc:
+                raise OutputError(f"reading back what was uploaded: {exc.message}",
+                                  where) from None
+            if got != os.pread(fd, stop - start, start):
+                raise VerificationError(f"the uploaded object reads back different in bytes "
+                                        f"{start}-{stop - 1}", where)
+
+        if staged.size:
+            _parallel(compare, _ranges(staged.size, READ_BACK), self.connections)
+
+    # -- publishing
+
+    def publish(self, staged: Staged, overwrite: bool) -> RemotePath:
+        """Copy a verified staging object to its name (part for part, its ETag checked
+        again), then delete the staging object."""
+        where = self.where(staged.name)
+        key = self.folder + staged.name
+        upload = self._call("create_multipart_upload", where, Key=key)["UploadId"]
+        self.uploads[key] = upload
+        source = {"Bucket": self.bucket, "Key": staged.key}
+        whole = len(staged.parts) == 1
+
+        def copy(part: Part) -> Part:
+            span = {} if whole else {"CopySourceRange": f"bytes={part.start}-{part.stop - 1}"}
+            answer = self._call("upload_part_copy", where, Key=key, UploadId=upload,
+                                PartNumber=part.number, CopySource=source,
+                                CopySourceIfMatch=staged.etag, **span)
+            if answer.get("CopyPartResult", {}).get("ETag") != part.etag:
+                raise VerificationError(f"S3 copied part {part.number} with ETag "
+                                        f"{answer.get('CopyPartResult', {}).get('ETag')}, "
+                                        f"not {part.etag}", where)
+            return part
+
+        _parallel(copy, list(staged.parts), self.connections)
+        self._complete(key, upload, staged.parts, where, overwrite)
+        self.created.append(key)  # made by this run: a failure before the end removes it
+        self._check_stored(key, staged, where)
+        self._delete(staged.key)
+        return where
+
+    def remove(self, name: str) -> None:
+        """Delete ``name`` (a stale shard of a set being replaced)."""
+        self._call("delete_object", self.where(name), Key=self.folder + name)
+
+    def _delete(self, key: str) -> None:
+        self._call("delete_object", Key=key)
+        self.staging.discard(key)
+
+    def discard(self) -> list[str]:
+        """Abort every open upload, delete every staging object and the objects this run
+        created; what could not be removed is returned (each step is tried whatever
+        failed before it: a lifecycle rule is the net for what is left)."""
+        left = []
+        for key, upload in list(self.uploads.items()):
+            if not self._quietly(self.client.abort_multipart_upload, Key=key, UploadId=upload):
+                left.append(f"the upload of {key}")
+            if key.endswith(TEMP_SUFFIX):  # a staging upload may have completed after all
+                self.staging.add(key)
+        left += [key for key in [*self.staging, *self.created]
+                 if not self._quietly(self.client.delete_object, Key=key)]
+        self.uploads.clear()
+        self.staging.clear()
+        self.created.clear()
+        return left
+
+    def _quietly(self, call: Callable[..., Any], **params: Any) -> bool:
+        try:
+            call(Bucket=self.bucket, **params)
+        except Exception as exc:  # cleanup after a failure: the first failure is the one told
+            code = (getattr(exc, "response", None) or {}).get("Error", {}).get("Code")
+            return code in ("NoSuchUpload", "NoSuchKey")  # gone already
+        return True
+
+    def __enter__(self) -> S3Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 *rest: object) -> None:
+        if kind is None:
+            return
+        left = self.discard()
+        if left and isinstance(exc, CkptportError):
+            raise OutputError(f"{exc.message}; could not remove {', '.join(left)} (a bucket "
+                              "lifecycle rule cleans what is left)", exc.path) from exc

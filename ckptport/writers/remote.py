@@ -1,0 +1,173 @@
+"""Remote destinations (``s3://BUCKET/KEY``, ``s3://BUCKET/PREFIX/``): written, verified, then
+made visible, with local disk holding one output file at a time.
+
+Each output file (the file, or one shard of a set) is written into a local
+spool folder exactly as a local output is, and verified there against an
+independent read of the source (``writers.verify``). Then it is uploaded
+and what the server stored is read back and compared bit for bit with it
+(``remote.upload``); the local copy is deleted before the next shard is
+written. Only when every file of the output is verified on the server do
+they appear under their names (a shard set's index last).
+
+Why a local spool of one file, not parts streamed as the writer writes
+them: the writers patch what they wrote (a safetensors header holding the
+source's sha256 once hashed, a zip's local headers), and the verifying
+readers (``torch.load``, the safetensors library) read a file, not a
+stream. The spool is one shard (``--max-shard-size``), so peak local disk is
+the largest shard, never the output; the temporary folder (``TMPDIR``)
+must hold it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import Checkpoint
+from ..errors import OutputError
+from ..remote import location
+from ..remote.urls import RemotePath
+from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
+from .formats import FORMATS, Kind
+from .plan import Destination, plan_destination
+from .shards import ShardNames, ShardsWriter
+from .staging import os_error, staged_file
+
+__all__ = ["RemoteDestination", "plan_remote", "check_remote", "write_remote"]
+
+WRITTEN = ("s3",)  # the schemes written
+
+
+@dataclass(frozen=True)
+class RemoteDestination:
+    """A remote output: its URL and the same output planned for the local spool."""
+
+    url: RemotePath
+    local: Destination
+
+    @property
+    def name(self) -> str:
+        """The file's name (a single file), or ``""`` (a folder: a shard set)."""
+        return "" if self.local.sharded else self.url.name
+
+
+def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
+                max_shard_size: int | str | None = None) -> RemoteDestination:
+    """``dst`` (a URL) planned: its format and whether it is a shard set, as for a local DST
+    (a key ending in ``/`` is a folder)."""
+    url = location(dst)
+    if not isinstance(url, RemotePath):
+        raise OutputError("is not a URL", dst)
+    if url.url.scheme not in WRITTEN:
+        raise OutputError(f"{url.url.scheme}:// destinations are not written (ckptport writes "
+                          f"local paths and {', '.join(s + '://' for s in WRITTEN)})", url)
+    key = url.url.key
+    folder = not key or key.endswith("/")
+    stand_in = Path(tempfile.gettempdir(), f".ckptport-plan-{secrets.token_hex(4)}",
+                    url.name or "set")
+    chosen = FORMATS.get(str(to)) if to is not None else None
+    if chosen is not None and chosen.kind is Kind.FOLDER:
+        raise OutputError(f"a {chosen.name} checkpoint is written to a local folder only", url)
+    try:
+        local = plan_destination(f"{stand_in}{os.sep if folder else ''}", to, max_shard_size)
+    except OutputError as exc:  # name the URL, not the stand-in
+        raise OutputError(exc.message, url) from None
+    if local.sharded and not folder:
+        raise OutputError("a shard set is a folder: end the URL with '/' "
+                          "(s3://BUCKET/PREFIX/)", url)
+    return RemoteDestination(url, local)
+
+
+def _store(destination: RemoteDestination, connections: int | None = None) -> Any:
+    from ..remote.upload import CONNECTIONS, S3Store
+
+    return S3Store(destination.url, connections or CONNECTIONS)
+
+
+def check_remote(sources: tuple[Any, ...], destination: RemoteDestination,
+                 overwrite: bool) -> None:
+    """Before the source is read: the bucket is there, DST is not a source, DST (a file,
+    or a set's files) does not exist unless ``overwrite``."""
+    store = _store(destination)
+    store.check_bucket()
+    remote = [s for s in sources if isinstance(s, RemotePath) and s.url.scheme == "s3"
+              and s.url.host == store.bucket]
+    if destination.name:
+        if any(s.url.key == store.folder + destination.name for s in remote):
+            raise OutputError("is the source; write somewhere else", destination.url)
+        if not overwrite and store.exists(destination.name):
+            raise OutputError("exists; pass --overwrite to replace it", destination.url)
+        return
+    names = ShardNames.of(destination.local.format)
+    for source in remote:
+        if source.url.key.rsplit("/", 1)[0] + "/" == store.folder and names.is_ours(source.name):
+            raise OutputError(f"holds the source {source.name}; write the set elsewhere",
+                              destination.url)
+    if not overwrite:
+        existing = sorted(n for n in store.names() if names.is_ours(n))
+        if existing:
+            raise OutputError(f"already holds {', '.join(existing[:3])}; pass --overwrite "
+                              "to replace the set", destination.url)
+
+
+class _Upload:
+    """A ``shards.Sink`` that uploads each verified file and publishes the set on the server."""
+
+    def __init__(self, store: Any, spool: Path, options: WriteOptions) -> None:
+        self.store, self.spool, self.options = store, spool, options
+        self.location = store.path
+        self.uploaded: dict[str, Any] = {}  # name -> remote.upload.Staged
+
+    def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
+        """Done by ``check_remote`` before the source was read."""
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        with tempfile.TemporaryDirectory(prefix="shards-", dir=self.spool) as folder:
+            yield Path(folder)
+
+    def staged(self, path: Path) -> None:
+        self.uploaded[path.name] = self.store.stage(path, path.name, self.options.verify)
+        path.unlink()  # local disk holds one file at a time
+
+    def publish(self, staging: Path, files: list[str], names: ShardNames) -> None:
+        for name in files:  # the index last
+            self.store.publish(self.uploaded[name], self.options.overwrite)
+        for stale in self.store.names():
+            if names.is_ours(stale) and stale not in files:
+                self.store.remove(stale)
+
+
+def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
+                 options: WriteOptions, connections: int | None = None) -> WriteResult:
+    """Write ``checkpoint`` to the remote ``destination``; it appears only once verified on
+    the server, and a failure or Ctrl-C leaves nothing there (``remote.upload``)."""
+    store = _store(destination, connections)
+    fmt = destination.local.format
+    try:
+        with tempfile.TemporaryDirectory(prefix="ckptport-upload-") as spool, store:
+            local = replace(destination.local, path=Path(spool) / destination.local.path.name)
+            if local.sharded:
+                sink = _Upload(store, Path(spool), options)
+                result = ShardsWriter(fmt, sink).write(checkpoint, local, replace(
+                    options, overwrite=False))
+            else:
+                with staged_file(local.path, overwrite=False) as out:
+                    emit(fmt, checkpoint.tree, out, options)
+                    out.publish()
+                staged = store.stage(local.path, destination.name, options.verify)
+                local.path.unlink()
+                options.precommit()
+                store.publish(staged, options.overwrite)
+                result = WriteResult(destination.url, fmt.name, count_tensors(checkpoint.tree),
+                                     unique_bytes(checkpoint.tree), options.verify)
+            store.created.clear()  # published: a failure from here on keeps it
+    except OSError as exc:
+        raise os_error(exc, Path(tempfile.gettempdir())) from exc
+    return result

@@ -1,0 +1,264 @@
+"""``s3://`` destinations against moto's S3 server on 127.0.0.1.
+
+What lands in the bucket must be byte for byte what a local ``normalize``
+writes; a refusal or a fault (the bucket missing, access denied, a part
+failing with 5xx, a reset connection, a part rejected, what the server
+stored differing, Ctrl-C between parts) is one line naming the destination,
+exit 2 (130), and leaves no object, no staging object and no open
+multipart upload. Faults are injected between parts with botocore's
+``before-send`` hook on ckptport's own client: the request never reaches
+moto, and the client sees the answer a failing server would give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ckptport.remote import upload
+
+BUCKET = "dst"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from fixtures.servers import moto_environment
+
+    with moto_environment():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DDP-wrapped checkpoint of 12 MiB: three 5 MiB parts once normalized."""
+    g = torch.Generator().manual_seed(3)
+    state = {f"module.layer{i}.weight": torch.randn(1024, 1024, generator=g) for i in range(3)}
+    state["module.layer0.bias"] = torch.randn(1024, generator=g).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("dst_src") / "ddp.pth"
+    torch.save({"state_dict": state, "epoch": 2}, path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upload, "PART_SIZE", upload.MIN_PART)
+
+
+@pytest.fixture
+def bucket(s3: Any) -> Iterator[Any]:
+    """The bucket, emptied after each test (objects and open uploads)."""
+    yield s3
+    for obj in s3.list_objects_v2(Bucket=BUCKET).get("Contents", ()):
+        s3.delete_object(Bucket=BUCKET, Key=obj["Key"])
+    for up in s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", ()):
+        s3.abort_multipart_upload(Bucket=BUCKET, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def _keys(client: Any) -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", ()))
+
+
+def _nothing_left(client: Any, keep: tuple[str, ...] = ()) -> None:
+    assert _keys(client) == sorted(keep)
+    assert not client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
+def _get(client: Any, key: str) -> bytes:
+    body: bytes = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    return body
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.pth"])
+def test_file_lands_as_local_normalize_writes_it(bucket, source, run, tmp_path, name):
+    local = run("normalize", source, tmp_path / name, "-q")
+    assert local.exit_code == 0, local.stderr
+    result = run("normalize", source, f"s3://{BUCKET}/clean/{name}", "-q", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert _get(bucket, f"clean/{name}") == (tmp_path / name).read_bytes()
+    _nothing_left(bucket, keep=(f"clean/{name}",))
+    report = json.loads(result.stdout)
+    assert report["output"]["path"] == f"s3://{BUCKET}/clean/{name}"
+    again = run("normalize", source, f"s3://{BUCKET}/clean/{name}", "-q")
+    assert again.exit_code == 2
+    assert again.stderr.strip() == (f"ckptport: error: s3://{BUCKET}/clean/{name}: exists; "
+                                    "pass --overwrite to replace it")
+    assert run("normalize", source, f"s3://{BUCKET}/clean/{name}", "-q",
+               "--overwrite").exit_code == 0
+
+
+def test_shard_set_lands_index_last_and_replaces_stale_shards(bucket, source, run, tmp_path):
+    assert run("normalize", source, tmp_path / "set", "--max-shard-size", "5MB",
+               "-q").exit_code == 0
+    dst = f"s3://{BUCKET}/set/"
+    result = run("normalize", source, dst, "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "set").iterdir())
+    assert len(names) == 4  # three shards and the index
+    assert _keys(bucket) == [f"set/{n}" for n in names]
+    for n in names:
+        assert _get(bucket, f"set/{n}") == (tmp_path / "set" / n).read_bytes()
+    refused = run("normalize", source, dst, "--max-shard-size", "5MB", "-q")
+    assert refused.exit_code == 2
+    assert "already holds model-00001-of-00003.safetensors" in refused.stderr
+    assert run("normalize", source, dst, "--max-shard-size", "1GB", "-q",
+               "--overwrite").exit_code == 0
+    assert _keys(bucket) == ["set/model.safetensors"]  # the stale shards and index are gone
+
+
+def test_remote_source_to_remote_destination(bucket, source, run, tmp_path):
+    assert run("normalize", source, f"s3://{BUCKET}/a/model.safetensors", "-q").exit_code == 0
+    result = run("normalize", f"s3://{BUCKET}/a/model.safetensors",
+                 f"s3://{BUCKET}/b/model.pth", "-q")
+    assert result.exit_code == 0, result.stderr
+    (tmp_path / "b.pth").write_bytes(_get(bucket, "b/model.pth"))
+    back = torch.load(tmp_path / "b.pth", weights_only=True)
+    expected = torch.load(source, weights_only=True)["state_dict"]
+    assert list(back) == [k.removeprefix("module.") for k in expected]
+    assert all(torch.equal(back[k.removeprefix("module.")], v) for k, v in expected.items())
+    same = run("normalize", f"s3://{BUCKET}/a/model.safetensors",
+               f"s3://{BUCKET}/a/model.safetensors", "-q", "--overwrite")
+    assert same.exit_code == 2 and "is the source" in same.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("s3://missing-bucket/x.pth",), "s3://missing-bucket/x.pth: no such bucket 'missing-bucket'"),
+    ((f"s3://{BUCKET}/x.unknown",), "cannot tell the output format"),
+    ((f"s3://{BUCKET}/x.pth", "--max-shard-size", "1GB"), "a shard set is a folder"),
+    ((f"s3://{BUCKET}/x/", "--to", "dcp"), "written to a local folder only"),
+    ((f"s3://{BUCKET}/x.pth", "--hash-name"), "--hash-name names a local file"),
+], ids=["no-bucket", "extension", "set-needs-folder", "dcp", "hash-name"])
+def test_refusals_before_anything_is_read(bucket, source, run, args, message):
+    result = run("normalize", source, *args, "-q")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    _nothing_left(bucket)
+
+
+def _response(status: int, code: str) -> Any:
+    from botocore.awsrequest import AWSResponse
+
+    body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+            f"<Message>injected</Message></Error>").encode()
+
+    class Raw:
+        def stream(self, **kwargs: Any) -> Iterator[bytes]:
+            yield body
+
+    return AWSResponse("http://injected", status, {"Content-Type": "application/xml"}, Raw())
+
+
+def _inject(operation: str, fault: Callable[[], Any], after: int = 1,
+            times: int = -1) -> Callable[[], None]:
+    """Answer ``operation`` with ``fault()`` from its ``after``+1-th request on, ``times``
+    times (-1: always); returns the function that removes the hook."""
+    from ckptport.remote.deadline import Timeout
+    from ckptport.remote.s3 import client
+
+    seen = [0, times]
+
+    def hook(request: Any, **kwargs: Any) -> Any:
+        seen[0] += 1
+        if seen[0] <= after or seen[1] == 0:
+            return None
+        seen[1] -= 1
+        return fault()
+
+    events = client(Timeout.from_env()).meta.events
+    events.register(f"before-send.s3.{operation}", hook)
+    return lambda: events.unregister(f"before-send.s3.{operation}", hook)
+
+
+def _reset() -> Any:
+    raise ConnectionResetError(104, "Connection reset by peer")
+
+
+FAULTS = [
+    ("UploadPart", lambda: _response(500, "InternalError"), "InternalError"),
+    ("UploadPart", _reset, "S3 error"),
+    ("UploadPart", lambda: _response(400, "BadDigest"), "BadDigest"),
+    ("CreateMultipartUpload", lambda: _response(403, "AccessDenied"), "access denied"),
+    ("UploadPartCopy", lambda: _response(503, "SlowDown"), "SlowDown"),
+]
+
+
+@pytest.mark.parametrize(("operation", "fault", "message"), FAULTS,
+                         ids=[f"{o}-{m}" for o, _, m in FAULTS])
+def test_a_failing_server_leaves_nothing(bucket, source, run, operation, fault, message):
+    dst = f"s3://{BUCKET}/out/model.safetensors"
+    remove = _inject(operation, fault, after=1 if operation == "UploadPart" else 0)
+    try:
+        result = run("normalize", source, dst, "-q")
+    finally:
+        remove()
+    assert result.exit_code == 2
+    line = result.stderr.strip()
+    assert line.startswith(f"ckptport: error: {dst}: ") and "\n" not in line, line
+    assert message in line and "testingsecret" not in line
+    _nothing_left(bucket)
+
+
+def test_one_failing_part_is_retried(bucket, source, run, tmp_path):
+    remove = _inject("UploadPart", lambda: _response(500, "InternalError"), after=1, times=1)
+    try:
+        result = run("normalize", source, f"s3://{BUCKET}/ok.safetensors", "-q")
+    finally:
+        remove()
+    assert result.exit_code == 0, result.stderr
+    assert run("normalize", source, tmp_path / "ok.safetensors", "-q").exit_code == 0
+    assert _get(bucket, "ok.safetensors") == (tmp_path / "ok.safetensors").read_bytes()
+    _nothing_left(bucket, keep=("ok.safetensors",))
+
+
+def test_what_the_server_stored_is_verified(bucket, source, run):
+    """The staged object is replaced behind ckptport's back: the read-back refuses it."""
+    from ckptport.remote.deadline import Timeout
+    from ckptport.remote.s3 import client
+
+    def swap(parsed: Any, **kwargs: Any) -> None:
+        key = parsed["Key"]
+        if key.endswith(upload.TEMP_SUFFIX):
+            size = bucket.head_object(Bucket=BUCKET, Key=key)["ContentLength"]
+            bucket.put_object(Bucket=BUCKET, Key=key, Body=b"\0" * size)
+
+    events = client(Timeout.from_env()).meta.events
+    events.register("after-call.s3.CompleteMultipartUpload", swap)
+    try:
+        result = run("normalize", source, f"s3://{BUCKET}/swapped.pth", "-q")
+    finally:
+        events.unregister("after-call.s3.CompleteMultipartUpload", swap)
+    assert result.exit_code == 2
+    assert f"s3://{BUCKET}/swapped.pth: S3 holds" in result.stderr
+    _nothing_left(bucket)
+
+
+def test_ctrl_c_between_parts_aborts_the_upload(bucket, source, run):
+    def interrupt() -> Any:
+        raise KeyboardInterrupt
+
+    remove = _inject("UploadPart", interrupt, after=1)
+    try:
+        result = run("normalize", source, f"s3://{BUCKET}/int.safetensors", "-q")
+    finally:
+        remove()
+    assert result.exit_code == 130
+    _nothing_left(bucket)
+
+
+def test_safetensors_source_metadata_survives_upload(bucket, run, tmp_path):
+    path = tmp_path / "small.safetensors"
+    save_file({"w": torch.ones(3)}, path, metadata={"note": "kept"})
+    result = run("normalize", path, f"s3://{BUCKET}/small.safetensors", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert run("normalize", path, tmp_path / "local.safetensors", "-q").exit_code == 0
+    assert _get(bucket, "small.safetensors") == (tmp_path / "local.safetensors").read_bytes()
