@@ -1,7 +1,10 @@
 """The ``ckptport`` command: parse options, call the library, print, exit.
 
 Errors are turned into one stderr line and an exit code in one place
-(``_Group.invoke``). torch is imported only by what needs it, so
+(``_Group.invoke``), whatever raised them (ckptport, click's usage checks, a
+bug), and under ``--format json`` also into a JSON error object on stdout.
+A closed stdout (``ckptport inspect x | head -1``) ends the command quietly.
+torch is imported only by what needs it, so
 ``ckptport --help``, ``inspect`` and ``check`` start fast, and on a
 terminal the first thing a command prints (``reading SRC…``) comes before
 anything slow.
@@ -25,11 +28,11 @@ import click
 
 from ._version import __version__
 from .checkpoint import Format
-from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError
+from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError, OutputExistsError
 from .escape import printable
 from .progress import Progress, no_progress
 from .quant import DEQUANTIZE_CHOICES
-from .render import formats_for
+from .render import Failure, formats_for, formatter
 from .rules import CAST_CHOICES, NormalizeOptions
 from .tree import paused_gc
 from .writers.formats import FORMATS
@@ -40,6 +43,9 @@ __all__ = ["main", "cli"]
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 _TRANSFERS = "ckptport.transfers"  # ``ctx.meta``: the command's ``remote.Transfers``
+_FORMAT = "ckptport.format"  # ``ctx.meta``: the command's --format, for its error report
+# a process killed by SIGPIPE, as shells report it (``yes | head``); 0 where there is none
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 0
 
 
 class Terminated(BaseException):
@@ -51,6 +57,15 @@ def _on_sigterm(signum: int, frame: Any) -> NoReturn:
 
 
 class _Group(click.Group):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_FORMAT] = _format_named(args)  # until --format itself is parsed
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # the group's own options: one line too
+            _fail(ctx, exc.format_message(), EXIT_ERROR, False, "UsageError")
+
     def invoke(self, ctx: click.Context) -> Any:
         from .remote import Timeout, Transfers, meter
 
@@ -67,23 +82,66 @@ class _Group(click.Group):
             with paused_gc():
                 return super().invoke(ctx)
         except CkptportError as exc:
-            _fail(ctx, exc.line(), exc.exit_code, debug)
+            _fail(ctx, exc.line(), exc.exit_code, debug, type(exc).__name__, exc.path)
         except KeyboardInterrupt as exc:  # a message of its own says what was kept
-            _fail(ctx, str(exc) or "interrupted; nothing was written", EXIT_INTERRUPTED, debug)
+            _fail(ctx, str(exc) or "interrupted; nothing was written", EXIT_INTERRUPTED, debug,
+                  "Interrupted")
         except Terminated as exc:
-            _fail(ctx, str(exc) or "terminated; nothing was written", EXIT_TERMINATED, debug)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            _fail(ctx, str(exc) or "terminated; nothing was written", EXIT_TERMINATED, debug,
+                  "Terminated")
+        except BrokenPipeError:
+            _stdout_closed(ctx)
+        except (click.exceptions.Exit, click.exceptions.NoArgsIsHelpError, click.Abort):
             raise
+        except click.ClickException as exc:  # a usage check, by click or by a command
+            _fail(ctx, exc.format_message(), EXIT_ERROR, debug, "UsageError")
         except Exception as exc:  # a bug: still one line and a failing exit code
             _fail(ctx, f"internal error: {type(exc).__name__}: {exc} "
-                  "(set CKPTPORT_DEBUG=1 for the traceback and report it)", EXIT_ERROR, debug)
+                  "(set CKPTPORT_DEBUG=1 for the traceback and report it)", EXIT_ERROR, debug,
+                  "InternalError")
 
 
-def _fail(ctx: click.Context, line: str, code: int, debug: bool) -> NoReturn:
+def _fail(ctx: click.Context, line: str, code: int, debug: bool, kind: str,
+          path: str | None = None) -> NoReturn:
+    """The one shape of every error: a line on stderr, the report format's error object
+    on stdout where it has one (json), the exit code."""
     if debug:
         traceback.print_exc()
-    click.echo(f"ckptport: error: {printable(line)}", err=True)
+    fmt = ctx.meta.get(_FORMAT)
+    shown = formatter(fmt).error(Failure(ctx.invoked_subcommand or ctx.info_name or "",
+                                         line, path, kind, code)) if fmt else None
+    try:
+        if shown is not None:
+            click.echo(shown)
+        click.echo(f"ckptport: error: {printable(line)}", err=True)
+    except BrokenPipeError:
+        _stdout_closed(ctx)
     ctx.exit(code)
+
+
+def _format_named(args: list[str]) -> str | None:
+    """The value of the last ``--format`` in ``args``: the report format of an error that
+    click raises before it parses the option (an unknown option, a missing argument)."""
+    named = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--format" and i + 1 < len(args):
+            named = args[i + 1]
+        elif arg.startswith("--format="):
+            named = arg.removeprefix("--format=")
+    from .render import FORMATTERS
+
+    return named if any(f.name == named for f in FORMATTERS) else None
+
+
+def _stdout_closed(ctx: click.Context) -> NoReturn:
+    """The reader of stdout went away (``| head -1``): what it wanted it has; end quietly,
+    and let the interpreter's last flush go nowhere instead of failing again."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # not a real file
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    ctx.exit(EXIT_STDOUT_CLOSED)
 
 
 @contextlib.contextmanager
@@ -200,7 +258,14 @@ def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _report_format(command: str) -> Callable[..., Any]:
     return click.option("--format", "report_format", type=click.Choice(formats_for(command)),
-                        default="text", show_default=True, help="Report format on stdout.")
+                        default="text", show_default=True, help="Report format on stdout.",
+                        callback=_remember_format, is_eager=True)
+
+
+def _remember_format(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Kept for ``_fail``: an error under ``--format json`` is a JSON object on stdout too."""
+    ctx.meta[_FORMAT] = value
+    return value
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -318,8 +383,6 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     the same relative path under DST (with --to's extension, .pth by default) by
     --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
     from .readers import is_checkpoint_folder
-    from .render import formatter
-
     if src.is_dir() and not is_checkpoint_folder(src):
         if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
                 or hash_name or tag is not None:
@@ -374,8 +437,9 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
     .safetensors, a shard set, DCP, a Hugging Face folder), whatever the sharding
     and key order. Commit it; gate releases with check --against-manifest FILE."""
     from .commands.manifest import manifest, write_manifest
-    from .render import formatter
 
+    if output is not None and output.exists() and not overwrite:  # before the long read
+        raise OutputExistsError("exists; pass --overwrite to replace it", output)
     with _progress(quiet) as progress:
         progress(f"reading {src}", 0)
         made = manifest(src, options, jobs=jobs, trust=trust, max_expansion=max_expansion, tag=tag,
@@ -385,9 +449,7 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
     if output is None:
         click.echo(made.to_json(), nl=False)
         return
-    if output.exists() and not overwrite:
-        raise click.UsageError(f"{output} exists; pass --overwrite to replace it")
-    write_manifest(made, output)
+    write_manifest(made, output, overwrite=overwrite)
     click.echo(formatter(report_format).manifest(made, output))
 
 
@@ -427,8 +489,6 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
     2 unreadable input.
     """
     from .commands.diff import diff as diff_checkpoints
-    from .render import formatter
-
     if raw and (options != NormalizeOptions() or map_a or map_b):
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
                                "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
@@ -442,11 +502,11 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
                                   options=None if raw else options, raw=raw, trust=trust,
                                   map_a=map_a, map_b=map_b, max_expansion=max_expansion, tag=tag,
                                   progress=progress)
-    click.echo(formatter(report_format).diff(report, limit))
-    if plot is not None:
+    if plot is not None:  # first: a plot that cannot be written leaves no report behind
         from .render.plot import plot_drift
 
         plot_drift(report, plot)
+    click.echo(formatter(report_format).diff(report, limit))
     if not report.equal:
         ctx.exit(EXIT_FINDINGS)
 
@@ -467,8 +527,6 @@ def inspect_command(path: Path, depth: int, with_hash: bool, tag: str | None,
     loading and the globals they need, shared storages.
     """
     from .commands.inspection import inspect
-    from .render import formatter
-
     report = inspect(path, depth=depth, with_hash=with_hash, tag=tag)
     click.echo(formatter(report_format).inspect(report))
 
@@ -514,8 +572,6 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
     Exit 0 pass, 1 findings, 2 unreadable input. Nothing in a file ever runs.
     """
     from .commands.check import check
-    from .render import formatter
-
     with _progress(quiet or not (finite or against or against_manifest)) as progress:
         report = check(paths, codes=codes, ignore=ignore_codes, finite=finite,
                        require_format=require_format, against=against,

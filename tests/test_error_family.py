@@ -305,3 +305,55 @@ def test_a_folder_that_takes_no_files_says_so_not_that_it_is_missing(fx, run, tm
     (tmp_path / "file").write_text("")
     result = run("normalize", fx["plain"], tmp_path / "file" / "out.pth")
     assert result.stderr == f"ckptport: error: {tmp_path / 'file'}: is a file, not a folder\n"
+
+
+# One error shape for every command and mode: one line on stderr; under --format json
+# also a JSON error object on stdout.
+FAILING = {
+    "normalize": lambda fx, tmp: ("normalize", tmp / "nope.pth", tmp / "o.pth"),
+    "manifest": lambda fx, tmp: ("manifest", tmp / "nope.pth"),
+    "diff": lambda fx, tmp: ("diff", tmp / "nope.pth", fx["plain"]),
+    "inspect": lambda fx, tmp: ("inspect", tmp / "nope.pth"),
+    "check": lambda fx, tmp: ("check", fx["plain"], "--codes", "CKP999"),
+}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("command", sorted(FAILING))
+def test_every_command_fails_in_one_shape(fx, run, tmp_path, command, fmt):
+    for args, kind in ((FAILING[command](fx, tmp_path), None),
+                       ((command, "--nosuch-option", fx["plain"]), "UsageError"),
+                       ((command,), "UsageError")):  # a missing argument
+        result = run(*args, "--format", fmt)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("ckptport: error: ") and "Usage:" not in result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        if fmt == "text":
+            assert result.stdout == ""
+            continue
+        doc = json.loads(result.stdout)
+        assert (doc["command"], doc["exit_code"]) == (command, 2)
+        assert result.stderr == f"ckptport: error: {doc['error']['message']}\n"
+        assert doc["error"]["kind"] == kind or kind is None and doc["error"]["kind"].endswith(
+            "Error")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_existing_manifest_file_is_refused_in_one_line_before_reading(fx, run, tmp_path):
+    out = tmp_path / "m.json"
+    out.write_text("mine")
+    result = run("manifest", tmp_path / "nope.pth", "-o", out)  # not read: refused first
+    assert (result.exit_code, result.stderr) == (
+        2, f"ckptport: error: {out}: exists; pass --overwrite to replace it\n")
+    assert out.read_text() == "mine"
+    assert run("manifest", fx["plain"], "-o", out, "--overwrite").exit_code == 0
+    assert json.loads(out.read_text())["tensors"]
+
+
+def test_a_closed_stdout_ends_the_command_quietly(fx):
+    """``ckptport inspect x | head -1``: the reader left; no traceback, no error line."""
+    proc = subprocess.Popen([sys.executable, "-m", "ckptport", "inspect", str(fx["ddp_cuda3"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read()
+    assert (proc.wait(), err) == (141, b"")

@@ -8,6 +8,7 @@ always parseable.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from ..commands.normalize import FolderReport, NormalizeReport
 
 
-__all__ = ["ReportFormat", "Formatter", "FORMATTERS", "formatter", "formats_for"]
+__all__ = ["ReportFormat", "Formatter", "Failure", "FORMATTERS", "formatter", "formats_for"]
 
 
 class ReportFormat(str, enum.Enum):
@@ -29,6 +30,18 @@ class ReportFormat(str, enum.Enum):
     JSON = "json"
     MARKDOWN = "markdown"
     GITHUB = "github"  # GitHub Actions annotations for check; other reports as text
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A command that ended in an error instead of a report (the CLI shows ``line`` on
+    stderr whatever the format; a format may also put it on stdout, where a tool reads)."""
+
+    command: str
+    line: str  # the message as shown: the file it names, then the cause
+    path: str | None  # the file, when the error names one
+    kind: str  # the error's class (InputNotFoundError, …), UsageError or InternalError
+    exit_code: int
 
 
 class Formatter(Protocol):
@@ -54,6 +67,11 @@ class Formatter(Protocol):
 
     def folder(self, report: FolderReport) -> str:
         """``normalize SRC_DIR DST_DIR``: the summary, then one line per file that failed."""
+        ...
+
+    def error(self, failure: Failure) -> str | None:
+        """What stdout shows for a command that failed (None: nothing, the stderr line
+        says it)."""
         ...
 
 

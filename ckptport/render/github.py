@@ -14,6 +14,7 @@ from .text import TextFormatter, check_summary
 
 if TYPE_CHECKING:
     from ..commands.check import CheckReport
+    from . import Failure
 
 __all__ = ["GithubFormatter"]
 
@@ -29,6 +30,11 @@ def _escape(text: str, property_value: bool = False) -> str:
 class GithubFormatter(TextFormatter):
     name = "github"
     commands = frozenset({"check"})
+
+    def error(self, failure: Failure) -> str:
+        """An annotation, so a check that could not run shows on the pull request too."""
+        where = f" file={_escape(failure.path, True)}," if failure.path else " "
+        return f"::error{where}title=ckptport {failure.kind}::{_escape(failure.line)}"
 
     def check(self, report: CheckReport) -> str:
         lines = []

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..analysis.survey import InspectReport
     from ..commands.check import CheckReport
     from ..commands.normalize import FolderReport, NormalizeReport
+    from . import Failure
 
 __all__ = ["JsonFormatter", "jsonable"]
 
@@ -91,6 +92,13 @@ class JsonFormatter:
     def inspect(self, report: InspectReport) -> str:
         doc = {"ckptport": __version__, "command": "inspect", **jsonable(report),
                "tensor_bytes": report.tensor_bytes, **_network()}
+        return json.dumps(doc, indent=2)
+
+    def error(self, failure: Failure) -> str:
+        """An object a tool can tell from a report by its ``error`` key."""
+        doc = {"ckptport": __version__, "command": failure.command,
+               "exit_code": failure.exit_code,
+               "error": {"message": failure.line, "path": failure.path, "kind": failure.kind}}
         return json.dumps(doc, indent=2)
 
     def check(self, report: CheckReport) -> str:

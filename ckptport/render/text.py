@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..commands.check import CheckReport
     from ..commands.normalize import FolderReport, NormalizeReport
     from ..rules import RuleResult
+    from . import Failure
 
 __all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
            "check_summary"]
@@ -37,6 +38,10 @@ def joined(lines: list[str]) -> str:
 class TextFormatter:
     name = "text"
     commands = frozenset({"normalize", "diff", "inspect", "check", "manifest"})
+
+    def error(self, failure: Failure) -> str | None:
+        """Nothing: the ``ckptport: error:`` line on stderr is the human report."""
+        return None
 
     def folder(self, report: FolderReport) -> str:
         counts = report.counts
