@@ -582,6 +582,127 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
     ctx.exit(report.exit_code)
 
 
+def _signing_key(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that say how to sign (``sign``, ``normalize --sign``), as one ``key``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, key: Path | None, certificate: Path | None,
+                certificate_chain: tuple[Path, ...], sigstore: bool,
+                identity_token: str | None, **kwargs: Any) -> Any:
+        from .signing import SigningKey
+
+        made = None if key is None and not sigstore else SigningKey(
+            key, certificate, certificate_chain, os.environ.get("CKPTPORT_KEY_PASSWORD"),
+            sigstore, identity_token)
+        return func(*args, signing_key=made, **kwargs)
+
+    for option in reversed([
+        click.option("--certificate", type=click.Path(path_type=Path), metavar="PEM",
+                     help="The signing certificate of --key (then the bundle carries it)."),
+        click.option("--certificate-chain", multiple=True, type=click.Path(path_type=Path),
+                     metavar="PEM", help="Certificates from the signing one to the root. "
+                     "Repeatable."),
+        click.option("--sigstore", is_flag=True,
+                     help="Sign keyless with Sigstore (OIDC identity; needs the network)."),
+        click.option("--identity-token", metavar="TOKEN",
+                     help="With --sigstore: this OIDC token, not ambient credentials."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _trusted_keys(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that say what a signature must verify with, as one ``trusted``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, public_key: tuple[Path, ...], roots: tuple[Path, ...],
+                sigstore_identity: str | None, sigstore_issuer: str | None,
+                **kwargs: Any) -> Any:
+        from .signing import TrustedKeys
+
+        made = None if not (public_key or roots or sigstore_identity or sigstore_issuer) \
+            else TrustedKeys(public_key, roots, sigstore_identity, sigstore_issuer)
+        return func(*args, trusted=made, **kwargs)
+
+    for option in reversed([
+        click.option("--public-key", multiple=True, type=click.Path(path_type=Path),
+                     metavar="PEM", help="A public key the signature may verify with. "
+                     "Repeatable."),
+        click.option("--certificate-chain", "roots", multiple=True,
+                     type=click.Path(path_type=Path), metavar="PEM",
+                     help="Trusted certificates (roots, intermediates) the bundle's signing "
+                          "certificate must chain to. Repeatable."),
+        click.option("--sigstore-identity", metavar="ID",
+                     help="Verify a Sigstore signature made by this identity."),
+        click.option("--sigstore-issuer", metavar="URL", help="... from this OIDC issuer."),
+    ]):
+        command = option(command)
+    return command
+
+
+@cli.command("sign")
+@click.argument("src", type=LOCATION)
+@click.option("--key", type=click.Path(path_type=Path), metavar="PEM",
+              help="The private key (PEM, ECDSA; CKPTPORT_KEY_PASSWORD if encrypted).")
+@_signing_key
+@_normalize_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), metavar="FILE",
+              help="The OMS signature's file (the weights attestation goes beside it, "
+                   "NAME.weights.sig). Default: SRC.sig, or model.sig in a model folder.")
+@click.option("--file-hash", type=click.Choice(["sha256", "blake3"]), default="sha256",
+              show_default=True, help="How the OMS signature hashes the files (the "
+              "model_signing CLI verifies sha256 only; blake3 hashes on every core).")
+@click.option("--overwrite", is_flag=True, help="Replace the signature files if they exist.")
+@click.option("--trust", is_flag=True, help=(
+              "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
+@_jobs_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+def sign_command(src: Path, signing_key: Any, options: NormalizeOptions,
+                 max_expansion: float | None, tag: str | None, output: Path | None,
+                 file_hash: str, overwrite: bool, trust: bool, jobs: int | None,
+                 quiet: bool) -> None:
+    """Sign SRC: an OMS signature over its files (model_signing verifies it) and a weights
+    attestation over its weights digest, which still verifies after any conversion."""
+    from .signing import sign
+
+    if signing_key is None:
+        raise click.UsageError("sign with --key PEM or --sigstore")
+    with _progress(quiet) as progress:
+        report = sign(src, signing_key, output=output, options=options, file_hash=file_hash,
+                      overwrite=overwrite, jobs=jobs, trust=trust, max_expansion=max_expansion,
+                      tag=tag, progress=progress)
+    click.echo("\n".join(report.lines()))
+
+
+@cli.command("verify")
+@click.argument("src", type=LOCATION)
+@click.option("--signature", "signatures", multiple=True, type=click.Path(path_type=Path),
+              metavar="FILE", help="An OMS signature or weights attestation (the attestation "
+              "beside an OMS signature is read too). Default: the ones sign writes.")
+@_trusted_keys
+@click.option("--trust", is_flag=True, help=(
+              "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
+@click.option("--tag", metavar="NAME", help="A DeepSpeed save folder's tag.")
+@_jobs_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.pass_context
+def verify_command(ctx: click.Context, src: Path, signatures: tuple[Path, ...], trusted: Any,
+                   trust: bool, tag: str | None, jobs: int | None, quiet: bool) -> None:
+    """Check SRC against its signatures: exit 0 when its files match the OMS signature or
+    its weights (in whatever container SRC now is) match the weights attestation, 1 with
+    what differs, 2 for a bad signature, key or certificate."""
+    from .signing import verify
+
+    if trusted is None:
+        raise click.UsageError("verify with --public-key, --certificate-chain or "
+                               "--sigstore-identity/--sigstore-issuer")
+    with _progress(quiet) as progress:
+        report = verify(src, trusted, signatures=signatures, jobs=jobs, trust=trust, tag=tag,
+                        progress=progress)
+    click.echo("\n".join(report.lines()))
+    ctx.exit(report.exit_code)
+
+
 def main() -> None:
     """The ``ckptport`` executable: one command, then the process ends.
 

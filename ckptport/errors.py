@@ -30,7 +30,9 @@ ours or the one they already know (``except FileNotFoundError`` catches
     │   ├── OutputIsADirectoryError   + IsADirectoryError
     │   ├── OutputPermissionError     + PermissionError
     │   └── OutputOSError             + OSError (disk full, any other failed write)
-    └── VerificationError             the written file does not read back as meant
+    ├── VerificationError             the written file does not read back as meant
+    └── SignatureError                + ValueError (what model_signing raises): a bundle,
+                                        signature, key or certificate that does not verify
 
 A corrupt or unrecognized source is a plain ``InputError``: no standard
 exception says "these bytes are not a checkpoint".
@@ -72,6 +74,7 @@ __all__ = [
     "OutputPermissionError",
     "OutputOSError",
     "VerificationError",
+    "SignatureError",
 ]
 
 EXIT_OK = 0
@@ -266,6 +269,11 @@ class OutputOSError(OutputError, OSError):
 
 class VerificationError(CkptportError):
     """The written file does not read back as what was meant to be written."""
+
+
+class SignatureError(CkptportError, ValueError):
+    """A signature that cannot be trusted or used: not a bundle, a bad signature, a key or
+    certificate that does not verify it, a statement that contradicts itself (exit 2)."""
 
 
 def _rebuilt(cls: type[CkptportError], fields: dict[str, Any]) -> CkptportError:

@@ -55,7 +55,7 @@ MARKER = re.compile(r"^<!--\s*doc-test:\s*(script|skip)\b.*-->\s*$")
 EXPECT = re.compile(r"#\s*exit (\d+)\b")
 SHELL_SYNTAX = re.compile(r"[|&;<>$`()*?]")
 HEADING = re.compile(r"^(#+)\s")
-COMMAND = re.compile(r"\bckptport (normalize|diff|inspect|check|manifest)\b(.*)")
+COMMAND = re.compile(r"\bckptport (normalize|diff|inspect|check|manifest|sign|verify)\b(.*)")
 
 
 @dataclass(frozen=True)

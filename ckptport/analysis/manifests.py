@@ -48,7 +48,7 @@ from ..tree import format_path, iter_tensors
 from .ties import TIE_BY, TieBy, canonical_ties, declared_ties
 
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
-           "build_manifest", "load_manifest", "write_manifest", "is_manifest",
+           "build_manifest", "load_manifest", "manifest_from_json", "write_manifest", "is_manifest",
            "compare_manifests", "against_manifest", "WrittenDigests", "options_of",
            "manifest_options", "tied_elsewhere", "weights_digest", "unproven_alias"]
 
@@ -270,15 +270,21 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise InputError.from_os_error(exc, target) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"not a ckptport manifest: not JSON ({exc})", target) from None
-    field_ = _Fields(target)
+    return manifest_from_json(doc, target)
+
+
+def manifest_from_json(doc: Any, target: Path, label: str = "manifest") -> Manifest:
+    """A manifest from its parsed JSON (a file's, or a weights attestation's predicate),
+    checked field by field; ``InputError`` naming ``target`` and the ``label``'s field."""
+    field_ = _Fields(target, label)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise InputError(f"not a ckptport manifest: no \"schema\": \"{SCHEMA}\"", target)
     version = field_.get(doc, "version", int)
     if version > VERSION:
-        raise InputError(f"manifest schema version {version} is newer than this ckptport reads "
+        raise InputError(f"{label} schema version {version} is newer than this ckptport reads "
                          f"({VERSION}); upgrade ckptport", target)
     if version < 1:
-        raise InputError(f"manifest field \"version\" is {version}, not a schema version",
+        raise InputError(f"{label} field \"version\" is {version}, not a schema version",
                          target)
     options = field_.get(doc, "options", dict)
     entries = []
@@ -287,15 +293,15 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         item = field_.mapping(raw, where)
         shape = field_.get(item, "shape", list, where)
         if not all(type(n) is int and n >= 0 for n in shape):
-            raise InputError(f"manifest field {where}.shape is not a list of sizes", target)
+            raise InputError(f"{label} field {where}.shape is not a list of sizes", target)
         sha = field_.get(item, "sha256", str, where)
         if len(sha) != 64 or not set(sha) <= _HEX:
-            raise InputError(f"manifest field {where}.sha256 is not a sha256", target)
+            raise InputError(f"{label} field {where}.sha256 is not a sha256", target)
         tied = field_.get(item, "tied", list, where, default=[])
         alias_of = field_.get(item, "alias_of", str, where, default="") or None
         tie_by = field_.get(item, "tie_by", str, where, default="") or None
         if tie_by is not None and tie_by not in TIE_BY:
-            raise InputError(f"manifest field {where}.tie_by is {tie_by!r}, not one of "
+            raise InputError(f"{label} field {where}.tie_by is {tie_by!r}, not one of "
                              f"{', '.join(TIE_BY)}", target)
         entries.append(TensorEntry(field_.get(item, "name", str, where),
                                    field_.get(item, "dtype", str, where), tuple(shape),
@@ -303,22 +309,22 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                                    tuple(str(t) for t in tied), alias_of, tie_by))
     duplicate = _first_duplicate(e.name for e in entries)
     if duplicate is not None:
-        raise InputError(f"manifest lists the tensor {duplicate!r} twice", target)
+        raise InputError(f"{label} lists the tensor {duplicate!r} twice", target)
     false_alias = unproven_alias(entries)
     if false_alias is not None:
-        raise InputError(f"manifest field \"alias_of\" of {false_alias!r} names no tensor of "
+        raise InputError(f"{label} field \"alias_of\" of {false_alias!r} names no tensor of "
                          "the same dtype, shape and content that stands for itself (an alias "
                          "would hide a tensor from the digest)", target)
     made = Manifest(tuple(sorted(entries, key=lambda e: e.name)), options, version,
                     str(doc.get("ckptport", "")))
     if doc.get("digest") != made.digest:
-        raise InputError("manifest field \"digest\" does not match its tensors (edited or "
+        raise InputError(f"{label} field \"digest\" does not match its tensors (edited or "
                          "corrupt)", target)
     try:
         manifest_options(made)
     except (ValueError, TypeError, CkptportError) as exc:
         cause = exc.message if isinstance(exc, CkptportError) else exc
-        raise InputError(f"manifest field \"options\": {cause}", target) from None
+        raise InputError(f"{label} field \"options\": {cause}", target) from None
     return made
 
 
@@ -348,12 +354,13 @@ def _no_constant(name: str) -> Any:
 class _Fields:
     """Typed access to a manifest's fields; a missing or mistyped one names itself."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, label: str = "manifest") -> None:
         self.path = path
+        self.label = label
 
     def mapping(self, value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
-            raise InputError(f"manifest field {where} is not an object", self.path)
+            raise InputError(f"{self.label} field {where} is not an object", self.path)
         return value
 
     def get(self, doc: dict[str, Any], name: str, kind: type, where: str = "",
@@ -362,10 +369,10 @@ class _Fields:
         if name not in doc:
             if default is not None:
                 return default
-            raise InputError(f"manifest field \"{label}\" is missing", self.path)
+            raise InputError(f"{self.label} field \"{label}\" is missing", self.path)
         value = doc[name]
         if type(value) is not kind or (kind is int and type(value) is bool):
-            raise InputError(f"manifest field \"{label}\" is a {type(value).__name__}, "
+            raise InputError(f"{self.label} field \"{label}\" is a {type(value).__name__}, "
                              f"not a {kind.__name__}", self.path)
         return value
 

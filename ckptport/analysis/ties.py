@@ -85,12 +85,13 @@ def canonical_ties(entries: list[TensorEntry], declared: bool | None) -> list[Te
             (e for e in entries if e.name not in head and len(e.shape) == 2 and e.nbytes),
             key=lambda e: (_rank(e.name), e.name), reverse=True)}  # the lowest rank wins
         for entry in entries:
-            rep = standing.get((entry.dtype, entry.shape, entry.sha256))
-            if not entry.tied and rep is not None and _rank(rep.name) < _rank(entry.name):
-                head[entry.name] = copies[entry.name] = rep.name
+            copied = standing.get((entry.dtype, entry.shape, entry.sha256))
+            if not entry.tied and copied is not None and _rank(copied.name) < _rank(entry.name):
+                head[entry.name] = copies[entry.name] = copied.name
+    tied_to = {e.name: e.tied for e in entries}
     joined: dict[str, set[str]] = {}  # a copy's tie: the names of the tensor it copies
     for name, rep in copies.items():
-        joined.setdefault(rep, {rep, *next(e.tied for e in entries if e.name == rep)}).add(name)
+        joined.setdefault(rep, {rep, *tied_to[rep]}).add(name)
     by: TieBy = "config" if declared else "convention"
     made = []
     for entry in entries:

@@ -1,0 +1,296 @@
+"""Signed weights: ``ckptport sign`` and ``ckptport verify``.
+
+``sign`` writes two signatures, both Sigstore bundles made by OpenSSF's
+``model_signing`` (``keys``, ``bundles``):
+
+- the **OMS signature** over the model's files, exactly as ``model_signing
+  sign`` writes it (``model_signing verify`` accepts it, and ``verify``
+  accepts what ``model_signing`` signed);
+- the **weights attestation** (``attestation``): a statement about the
+  weights digest, which survives conversion to another container.
+
+Beside a file ``X`` they are ``X.sig`` and ``X.weights.sig``; in a model
+folder ``model.sig`` and ``model.weights.sig`` (left out of the signed
+files); ``output`` names the OMS file and the attestation goes beside it.
+
+Each file is read once: the files are hashed (``model_signing``, BLAKE3 by
+default, on every core) while the tensors are hashed by position on every
+core (``analysis.manifests``), the two passes running together so the
+second reader of each page finds it in the page cache. A remote source
+(``hf://``, ``s3://``, ``https://``) gets and is verified by the weights
+attestation only: its tensors are read, its files are not downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.manifests import (
+    Manifest,
+    ManifestComparison,
+    compare_manifests,
+    manifest_of,
+    manifest_options,
+)
+from ..checkpoint import Checkpoint
+from ..errors import OptionError, OutputExistsError, SignatureError
+from ..progress import Progress, no_progress
+from ..rules import NormalizeOptions
+from .attestation import WEIGHTS_PREDICATE, Attestation, read_attestation, weights_predicate
+from .bundles import OMS_PREDICATE, SignedStatement, open_statement, sign_statement
+from .files import FILE_HASHES, FilesComparison, compare_files, files_payload
+from .keys import SigningKey, TrustedKeys
+
+__all__ = ["sign", "verify", "SignReport", "VerifyReport", "SigningKey", "TrustedKeys",
+           "signature_paths", "attestation_path", "FILE_HASHES", "WEIGHTS_PREDICATE",
+           "OMS_PREDICATE", "Attestation", "FilesComparison", "sign_weights"]
+
+FOLDER_SIGNATURE = "model.sig"
+
+
+def attestation_path(signature: Path) -> Path:
+    """Where the weights attestation of the OMS signature ``signature`` lies."""
+    stem = signature.name.removesuffix(".sig")
+    return signature.with_name(f"{stem}.weights.sig")
+
+
+def signature_paths(model: Any, output: Path | None = None) -> tuple[Path, Path]:
+    """(OMS signature, weights attestation) for ``model``: beside a file, in a folder."""
+    if output is None:
+        if not isinstance(model, Path):
+            raise OptionError("a remote source's signature has no place beside it: name the "
+                              "file (-o FILE / --signature FILE)")
+        output = model / FOLDER_SIGNATURE if model.is_dir() else \
+            model.with_name(model.name + ".sig")
+    return output, attestation_path(output)
+
+
+@dataclass(frozen=True)
+class SignReport:
+    """What ``sign`` wrote: the OMS signature (``None`` for a remote source) and the weights
+    attestation, with the digest it signs."""
+
+    files_signature: Path | None
+    attestation: Path
+    digest: str
+    files: int
+    tensors: int
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        made = [f"wrote {self.attestation}: weights attestation of {self.tensors} tensors, "
+                f"weights digest sha256:{self.digest}"]
+        if self.files_signature is not None:
+            made.insert(0, f"wrote {self.files_signature}: OMS signature over {self.files} files")
+        return made + list(self.notes)
+
+
+def _ignored(model: Path, paths: tuple[Path, ...]) -> list[Path]:
+    """The signature files inside a model folder, relative to it (left out of the hash)."""
+    root = model.resolve()
+    made = []
+    for path in paths:
+        with contextlib.suppress(ValueError):
+            made.append(path.resolve().relative_to(root))
+    return made
+
+
+def _publish(texts: dict[Path, str], overwrite: bool) -> None:
+    """Write every file or none (each staged beside its place, then all renamed in)."""
+    from ..writers.staging import os_error, staged_file
+
+    with contextlib.ExitStack() as stack:
+        staged = []
+        for path, text in texts.items():
+            try:
+                out = stack.enter_context(staged_file(path, overwrite=overwrite))
+                out.file.write(text.encode())
+                out.sync()
+            except OSError as exc:
+                raise os_error(exc, path) from exc
+            staged.append(out)
+        for out in staged:
+            out.publish()
+
+
+def sign(src: Any, key: SigningKey, *, output: Path | None = None,
+         options: NormalizeOptions | None = None, file_hash: str = "sha256",
+         overwrite: bool = False, jobs: int | None = None, trust: bool = False,
+         max_expansion: float | None = None, tag: str | None = None,
+         progress: Progress = no_progress) -> SignReport:
+    """Sign ``src``'s files (OMS) and its weights (the attestation).
+
+    Args:
+        src: a local file or model folder, or a remote source (weights attestation only).
+        key: how to sign (``SigningKey``).
+        output: the OMS signature's path (the attestation goes beside it).
+        options: which weights the digest covers (as ``ckptport manifest``).
+        file_hash: ``sha256`` (default: what the ``model_signing`` CLI verifies) or
+            ``blake3`` (on every core; its Python API verifies it).
+
+    Raises:
+        CkptportError: unreadable source, unusable key, existing output.
+    """
+    from ..readers import open_checkpoint
+    from ..remote import is_remote
+
+    if file_hash not in FILE_HASHES:
+        raise OptionError(f"--file-hash is {file_hash!r}, not one of {', '.join(FILE_HASHES)}")
+    remote = is_remote(src)
+    oms, attested = signature_paths(src if remote else Path(src), output)
+    for path in ((attested,) if remote else (oms, attested)):
+        if path.exists() and not overwrite:
+            raise OutputExistsError("exists; pass --overwrite to replace it", path)
+    signer = key.signer()  # one signer for both: Sigstore asks for one identity
+    options = options or NormalizeOptions()
+    with ThreadPoolExecutor(1) as pool:
+        payload = None if remote else pool.submit(
+            files_payload, Path(src), _ignored(Path(src), (oms, attested)), file_hash)
+        checkpoint = open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
+        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
+        files = None if payload is None else payload.result()
+    texts = {attested: sign_statement(key, _name(src), made.digest, WEIGHTS_PREDICATE,
+                                      weights_predicate(made), signer)}
+    if files is not None:
+        texts[oms] = str(signer.sign(files).bundle.to_json())
+    _publish(texts, overwrite)
+    notes = ("a remote source's files are not downloaded: its weights are signed, not its "
+             "files",) if remote else ()
+    return SignReport(None if remote else oms, attested, made.digest,
+                      0 if files is None else len(files.statement.pb.predicate["resources"]),
+                      len(made.tensors), notes + made.notes())
+
+
+def sign_weights(made: Manifest, key: SigningKey, path: Path, subject: str,
+                 derivation: dict[str, Any], overwrite: bool) -> Path:
+    """Sign an already made manifest (``normalize --sign``: the output's, hashed as it was
+    written) with its ``derivation``, to ``path``."""
+    _publish({path: sign_statement(key, subject, made.digest, WEIGHTS_PREDICATE,
+                                   weights_predicate(made, derivation))}, overwrite)
+    return path
+
+
+def _name(src: Any) -> str:
+    return Path(str(src).rstrip("/")).name or str(src)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify`` found: the files against the OMS signature, the weights against the
+    attestation (each ``None`` where not checked), and whether that is a pass."""
+
+    path: Any
+    files: FilesComparison | None
+    weights: ManifestComparison | None
+    attestation: Attestation | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        if self.weights is not None:  # the weights decide: a converted file passes here
+            return 0 if _weights_same(self.weights) else 1
+        return 0 if self.files is not None and self.files.same else 1
+
+    def lines(self) -> list[str]:
+        made = []
+        if self.files is not None:
+            f = self.files
+            if f.same:
+                made.append(f"files: the {f.compared} files match {f.signature} "
+                            f"(signed, {f.by})")
+            else:
+                made.append(f"files: differ from {f.signature} (signed, {f.by}):")
+                made += [f"  added {n}" for n in f.added]
+                made += [f"  removed {n}" for n in f.removed]
+                made += [f"  changed {n}" for n in f.changed]
+        if self.weights is not None and self.attestation is not None:
+            w, a = self.weights, self.attestation
+            if _weights_same(w):
+                made.append(f"weights: the {w.compared} tensors match {a.path} (signed, {a.by}): "
+                            f"weights digest sha256:{a.manifest.digest}")
+            else:
+                made.append(f"weights: differ from {a.path} (signed, {a.by}):")
+                made += [f"  missing {n}" for n in w.missing]
+                made += [f"  extra {n}" for n in w.unexpected]
+                made += [f"  different {e.name}: {_what(e, g)}" for e, g in w.changed]
+        verdict = "verified" if self.exit_code == 0 else "NOT verified"
+        return [f"{self.path}: {verdict}", *made, *self.notes]
+
+
+def _weights_same(c: ManifestComparison) -> bool:
+    return not (c.missing or c.unexpected or c.changed)
+
+
+def _what(expected: Any, actual: Any) -> str:
+    if expected.dtype != actual.dtype:
+        return f"dtype {actual.dtype}, signed {expected.dtype}"
+    if expected.shape != actual.shape:
+        return f"shape {list(actual.shape)}, signed {list(expected.shape)}"
+    return f"content sha256:{actual.sha256[:16]}…, signed sha256:{expected.sha256[:16]}…"
+
+
+def _statements(src: Any, signatures: tuple[Path, ...], trusted: TrustedKeys,
+                remote: bool) -> list[SignedStatement]:
+    """The verified statements: the given signature files, each OMS one with the weights
+    attestation beside it if there is one; by default the pair ``sign`` writes."""
+    if not signatures:
+        oms, attested = signature_paths(src if remote else Path(src))
+        signatures = tuple(p for p in (oms, attested) if p.exists())
+        if not signatures:
+            raise SignatureError(f"no signature beside it ({oms.name}, {attested.name}); "
+                                 "name one with --signature FILE", str(src))
+    listed = list(dict.fromkeys(signatures))
+    for path in signatures:
+        beside = attestation_path(path)
+        if beside != path and beside not in listed and beside.exists():
+            listed.append(beside)
+    return [open_statement(path, trusted) for path in listed]
+
+
+def verify(src: Any, trusted: TrustedKeys, *, signatures: tuple[Path, ...] = (),
+           jobs: int | None = None, trust: bool = False, max_expansion: float | None = None,
+           tag: str | None = None, checkpoint: Checkpoint | None = None,
+           progress: Progress = no_progress) -> VerifyReport:
+    """``src`` against its signatures: its files (OMS) and its weights (the attestation).
+
+    A bad bundle, signature, key or certificate, or a statement that contradicts itself,
+    is a ``SignatureError`` (exit 2); differences are in the report (exit 1).
+    """
+    from ..readers import open_checkpoint
+    from ..remote import is_remote
+
+    remote = is_remote(src)
+    statements = _statements(src, signatures, trusted, remote)
+    oms = [s for s in statements if s.predicate_type == OMS_PREDICATE]
+    weights = [read_attestation(s) for s in statements if s.predicate_type != OMS_PREDICATE]
+    if len(oms) > 1 or len(weights) > 1:
+        raise OptionError("give one OMS signature and one weights attestation at most")
+    notes = []
+    if remote and oms and not weights:
+        raise SignatureError("a remote source's files are not downloaded, so an OMS signature "
+                             "alone cannot be checked: give its weights attestation",
+                             oms[0].path)
+    if remote and oms:
+        notes.append(f"not checked: {oms[0].path} (a remote source's files are not "
+                     "downloaded; its weights are checked)")
+    attestation = weights[0] if weights else None
+    with ThreadPoolExecutor(1) as pool:
+        files = pool.submit(compare_files, Path(src), oms[0]) if oms and not remote else None
+        comparison = None
+        if attestation is not None:
+            expected = attestation.manifest
+            read = checkpoint or open_checkpoint(src, trust=trust, max_expansion=max_expansion,
+                                                 tag=tag)
+            actual = manifest_of(read, manifest_options(expected), jobs=jobs,
+                                 progress=progress)
+            comparison = compare_manifests(expected, actual)
+        compared = None if files is None else files.result()
+    if compared is not None and not compared.same and comparison is not None \
+            and _weights_same(comparison):
+        notes.append("the files are not the signed files (another container or layout?) but "
+                     "the weights are the signed weights")
+    return VerifyReport(src, compared, comparison, attestation, tuple(notes))

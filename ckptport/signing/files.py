@@ -1,0 +1,90 @@
+"""The OMS signature over files, hashed and compared by ``model_signing`` itself.
+
+The payload is what ``model_signing sign`` makes (its ``hashing.Config`` over
+the model's files, its ``Payload``), so ``model_signing verify`` accepts it;
+verifying hashes the files again with the serialization the signature
+records (files or shards, sha256, blake2 or blake3, the paths it ignored),
+as ``model_signing verify`` does, and names each file added, removed or
+changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, SignatureError
+from .bundles import SignedStatement
+from .keys import cause, library
+
+__all__ = ["FILE_HASHES", "FilesComparison", "files_payload", "compare_files"]
+
+FILE_HASHES = ("sha256", "blake3")
+
+
+@dataclass(frozen=True)
+class FilesComparison:
+    """The files a signature lists against the files there now (names relative to the
+    model; ``.`` for a single-file model)."""
+
+    signature: Path
+    by: str
+    compared: int
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+
+    @property
+    def same(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+
+def _hash(model: Path, config: Any) -> Any:
+    try:
+        return config.hash(model)
+    except (ValueError, OSError) as exc:
+        raise InputError(f"cannot hash its files: {cause(exc)}", model) from None
+
+
+def files_payload(model: Path, ignored: Iterable[Path], algorithm: str) -> Any:
+    """``model_signing``'s payload over ``model``'s files, ``ignored`` (relative) left out
+    with the git files, as ``model_signing sign`` leaves them out."""
+    from model_signing import hashing
+
+    config = hashing.Config().use_file_serialization(hashing_algorithm=algorithm)
+    config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
+    return library().signing.Payload(_hash(model, config))
+
+
+def compare_files(model: Path, signed: SignedStatement) -> FilesComparison:
+    """``model``'s files now against an OMS statement (verified)."""
+    from model_signing import hashing
+
+    lib = library()
+    try:
+        expected = lib.signing.dsse_payload_to_manifest(signed.statement)
+        args = dict(expected.serialization_type)
+        method = args["method"]
+        common = {"hashing_algorithm": args["hash_type"],
+                  "allow_symlinks": bool(args["allow_symlinks"])}
+        if method == "files":
+            config = hashing.Config().use_file_serialization(**common)
+        elif method == "shards":
+            config = hashing.Config().use_shard_serialization(shard_size=args["shard_size"],
+                                                              **common)
+        else:
+            raise ValueError(f"unknown serialization method {method!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SignatureError(f"not a usable OMS statement: {cause(exc)}", signed.path) from None
+    config.set_allow_symlinks(bool(args["allow_symlinks"]))
+    config.add_ignored_paths(model_path=model, paths=args.get("ignore_paths", ()))
+    actual = _hash(model, config)
+    want = {d.identifier: d.digest for d in expected.resource_descriptors()}
+    have = {d.identifier: d.digest for d in actual.resource_descriptors()}
+    return FilesComparison(
+        signed.path, signed.by, len(want.keys() & have.keys()),
+        added=tuple(sorted(have.keys() - want.keys())),
+        removed=tuple(sorted(want.keys() - have.keys())),
+        changed=tuple(sorted(n for n in want.keys() & have.keys() if want[n] != have[n])))
