@@ -243,6 +243,7 @@ STANDARD = {
     errors.OutputIsADirectoryError: IsADirectoryError,
     errors.OutputPermissionError: PermissionError,
     errors.OutputOSError: OSError,
+    errors.SignatureError: ValueError,
 }
 FAMILY = [getattr(errors, name) for name in errors.__all__ if name.endswith("Error")]
 
