@@ -298,3 +298,53 @@ def test_mxfp4_scales_are_never_cast(mxfp4, run, tmp_path):
     result = run("normalize", mxfp4, tmp_path / "out.safetensors", "--dtype", "float32")
     assert result.exit_code == 2
     assert "mxfp4" in result.stderr and "--dequantize" in result.stderr
+
+
+# -- every command speaks of schemes -------------------------------------------------------
+
+
+def test_inspect_shows_the_scheme_and_its_tensors(fp8, run):
+    text = run("inspect", fp8)
+    assert text.exit_code == 0
+    assert "quantization: fp8-block (3 weights)" in text.stdout
+    assert "model.layers.0.mlp.up_proj.weight_scale_inv" in text.stdout
+    doc = json.loads(run("inspect", fp8, "--format", "json").stdout)["quantization"]
+    assert doc["schemes"] == {"fp8-block": 3}
+    weight = next(w for w in doc["weights"] if w["weight"] == QUANTIZED[0])
+    assert weight["params"]["block_size"] == [128, 128]
+    assert weight["tensors"] == {"codes": QUANTIZED[0], "scale": QUANTIZED[0] + "_scale_inv"}
+
+
+def test_manifest_records_the_scheme_and_dequantized_digest(fp8, run, tmp_path):
+    doc = json.loads(run("manifest", fp8).stdout)
+    assert doc["quantization"]["schemes"] == {"fp8-block": 3}
+    out = tmp_path / "plain.safetensors"
+    assert run("normalize", fp8, out, "--dequantize").exit_code == 0
+    dequantized = json.loads(run("manifest", fp8, "--dequantize").stdout)
+    assert dequantized["digest"] == json.loads(run("manifest", out).stdout)["digest"]
+    assert dequantized["options"]["dequantize"] == "bfloat16"
+
+
+def test_diff_compares_in_dequantized_space(fp8, run, tmp_path):
+    out = tmp_path / "plain.safetensors"
+    assert run("normalize", fp8, out, "--dequantize").exit_code == 0
+    assert run("diff", fp8, out, "--dequantize").exit_code == 0
+    assert run("diff", fp8, out).exit_code == 1
+
+
+def test_load_into_dequantizes_or_refuses_the_cast(fp8):
+    import ckptport
+
+    model = torch.nn.Module()
+    model.up = torch.nn.Linear(384, 256, bias=False, dtype=torch.bfloat16)
+    rename = [(r"^model\.layers\.0\.mlp\.up_proj\.", "up.")]
+    with pytest.raises(ckptport.CkptportError, match="dequantize="):
+        ckptport.load_into(model, fp8, strict=False, rename=rename)
+    ckptport.load_into(model, fp8, strict=False, rename=rename, dequantize="bfloat16")
+    source = load_file(fp8)
+    expected = _fp8_reference(source[QUANTIZED[0]], source[QUANTIZED[0] + "_scale_inv"],
+                              torch.bfloat16)
+    assert same_bits(model.up.weight.detach(), expected)
+    state = ckptport.load_state_dict(fp8, dequantize="float32")
+    assert state[QUANTIZED[0]].dtype == torch.float32
+    assert not any(k.endswith("_scale_inv") for k in state)

@@ -43,6 +43,7 @@ from ..parallel import run_all
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions, apply_rules
 from ..rules.keys import recipe_from_json
+from ..rules.quantized import quantization_of
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import format_path, iter_tensors
 from .ties import TIE_BY, TieBy, canonical_ties, declared_ties
@@ -81,6 +82,7 @@ class Manifest:
     digest: str = field(init=False)
     version: int = VERSION
     tool: str = __version__
+    quantization: Mapping[str, Any] = field(default_factory=dict)  # schemes, not in the digest
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "digest", weights_digest(self.tensors, self.version))
@@ -103,6 +105,8 @@ class Manifest:
                "options": dict(self.options), "digest": self.digest,
                "tensor_count": len(self.tensors), "total_bytes": self.total_bytes,
                "tensors": [_entry_json(t) for t in self.tensors]}
+        if self.quantization:
+            doc["quantization"] = dict(self.quantization)
         return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
@@ -199,7 +203,7 @@ def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
         raise OutputError(f"two tensors are both named {duplicate!r}; a manifest names each "
                           "tensor once", checkpoint.source.path)
     return Manifest(tuple(sorted(canonical_ties(entries, declared), key=lambda e: e.name)),
-                    options_of(options))
+                    options_of(options), quantization=quantization_of(checkpoint))
 
 
 def _dtype_name(leaf: Any) -> str:
@@ -315,8 +319,11 @@ def manifest_from_json(doc: Any, target: Path, label: str = "manifest") -> Manif
         raise InputError(f"{label} field \"alias_of\" of {false_alias!r} names no tensor of "
                          "the same dtype, shape and content that stands for itself (an alias "
                          "would hide a tensor from the digest)", target)
+    quantization = doc.get("quantization", {})
+    if not isinstance(quantization, dict):
+        raise InputError("manifest field \"quantization\" is not an object", target)
     made = Manifest(tuple(sorted(entries, key=lambda e: e.name)), options, version,
-                    str(doc.get("ckptport", "")))
+                    str(doc.get("ckptport", "")), quantization)
     if doc.get("digest") != made.digest:
         raise InputError(f"{label} field \"digest\" does not match its tensors (edited or "
                          "corrupt)", target)

@@ -19,6 +19,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
 from ..errors import CkptportError
 from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
+from ..rules.quantized import quantization_of
 from ..rules.select import Select
 from ..tensors import Pending, extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
 from ..tree import (
@@ -99,6 +100,8 @@ class InspectReport:
     unproven_callables: tuple[str, ...] = ()  # unknown names the file calls: maybe functions
     spellings: Mapping[str, str] = field(default_factory=dict)  # resolved -> as in the file
     notes: tuple[str, ...] = ()
+    # schemes and their weights (``Recognition.describe``), or ``{"error": why}``
+    quantization: Mapping[str, Any] = field(default_factory=dict)
     tensor_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +146,7 @@ def survey(checkpoint: Checkpoint, *, depth: int = DEFAULT_DEPTH,
         unproven_callables=tuple(n for n in source.unproven if n not in dangerous),
         spellings=dict(source.spellings),
         notes=source.notes,
+        quantization=quantization_of(checkpoint),
     )
 
 

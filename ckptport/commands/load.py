@@ -24,9 +24,11 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CkptportError, SelectionError, StateDictMismatchError
+from ..quant import QuantError, config_of, recognize
 from ..readers import read
 from ..rules import NormalizeOptions, Recipe, apply_rules, is_state_dict, strip_key
 from ..tree import rebuild_dict
@@ -65,6 +67,7 @@ def load_state_dict(
     map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (the CLI's --map)
     max_expansion: float | None = None,
     tag: str | None = None,
+    dequantize: str | None = None,
 ) -> OrderedDict[str, torch.Tensor]:
     """A plain state dict from any checkpoint, ready for ``model.load_state_dict``.
 
@@ -77,6 +80,8 @@ def load_state_dict(
         trust: unpickle with full Python (runs code from the file).
         max_expansion: the read budget's ratio (``readers.budget``), as ``--max-expansion``.
         tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
+        dequantize: ``"bfloat16"``, ``"float16"`` or ``"float32"``: each quantized weight
+            as one plain tensor, as ``--dequantize`` (docs/quantized.md).
 
     Returns:
         An ``OrderedDict`` of tensors, wrapper prefixes stripped, module versions kept.
@@ -85,6 +90,8 @@ def load_state_dict(
         CkptportError: the file cannot be read, or the selected part is no state dict.
     """
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
+    if dequantize is not None:
+        options = replace(options or NormalizeOptions(), dequantize=dequantize)
     normalized = apply_rules(read(path, trust=trust, max_expansion=max_expansion, tag=tag),
                              options)
     state = normalized.checkpoint.tree
@@ -129,7 +136,7 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
               map: Recipe | str | os.PathLike[str] | None = None,  # noqa: A002 (--map)
               device: str | torch.device | None = None, dtype: torch.dtype | None = None,
               ignore_mismatched_sizes: bool = False, max_expansion: float | None = None,
-              tag: str | None = None) -> LoadResult:
+              tag: str | None = None, dequantize: str | None = None) -> LoadResult:
     """Load ``path`` into ``model``, wrapped or not, on the model's own keys.
 
     A model with tensors on ``meta`` (built under ``torch.device("meta")``)
@@ -152,7 +159,9 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
         options, subtree, keep, drop, rename, map: as ``load_state_dict``.
         device, dtype: where and as what the tensors go (see above).
         ignore_mismatched_sizes: skip tensors whose shape differs, listing them.
-        max_expansion, tag: as ``load_state_dict``.
+        max_expansion, tag, dequantize: as ``load_state_dict``. Without ``dequantize``, a
+            quantized weight's codes or scales that would be cast into a model tensor of
+            another dtype are refused (``QuantError``): the cast would be a wrong weight.
 
     Returns:
         A ``LoadResult``: ``missing``, ``unexpected``, ``mismatched`` and ``loaded``.
@@ -170,11 +179,12 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
                             "to floating-point tensors only)", where)
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     state = load_state_dict(path, options=options, trust=trust, max_expansion=max_expansion,
-                            tag=tag)
+                            tag=tag, dequantize=dequantize)
     model_state = model.state_dict(keep_vars=True)
     model_keys = list(model_state)
     by_stripped = {strip_key(key) or key: key for key in model_keys}
     renamed = rebuild_dict(state, [(by_stripped.get(k, k), v) for k, v in state.items()])
+    _refuse_quantized_casts(renamed, model_state, dtype, where)
     _fill_ties(model_state, renamed)
     versions = getattr(state, "_metadata", None)
     if versions is not None:
@@ -222,6 +232,21 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
             "checkpoints: build them on a real device, or pass strict=False and fill them "
             "yourself)", where)
     return LoadResult((*missing, *left), unexpected, mismatched, loaded)
+
+
+def _refuse_quantized_casts(state: Mapping[str, Any], model_state: Mapping[str, Any],
+                            dtype: torch.dtype | None, where: str) -> None:
+    """A quantized part loaded into a model tensor of another dtype would be cast as numbers
+    (``copy_`` and ``to`` do it silently): refused, naming ``dequantize=``."""
+    for name, weight in recognize(state, config_of(Path(where)), where).owner.items():
+        target = model_state.get(name)
+        if target is None:
+            continue
+        kind = dtype if dtype is not None and target.is_floating_point() else target.dtype
+        if kind != state[name].dtype:
+            raise QuantError(f"{name}: the {state[name].dtype} part of {weight.scheme.name} "
+                             f"weight {weight.name} would be cast to {kind} as numbers; pass "
+                             "dequantize='bfloat16' (or float16, float32)", where)
 
 
 def _shapes(mismatched: tuple[Mismatch, ...]) -> str:

@@ -7,6 +7,7 @@ terminal or a CI log as itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,12 +142,34 @@ def inspect_lines(report: InspectReport) -> list[str]:
           for o in report.blocking_objects]),
     ]
     lines += [f"  {title}: {', '.join(items)}" for title, items in facts if items]
+    lines += quantization_lines(report.quantization)
     lines += [f"  note: {note}" for note in report.notes]
     if report.metadata:
         lines.append("  metadata:")
         lines += [f"    {key}: {_clip(value)}" for key, value in report.metadata.items()]
     lines.append("  layout:")
     lines += _layout_lines(report.layout, 2)
+    return lines
+
+
+QUANTIZED_SHOWN = 20  # quantized weights listed by name; the JSON report lists all
+
+
+def quantization_lines(quantization: Mapping[str, Any]) -> list[str]:
+    """The schemes found, their parameters, and which tensors make each quantized weight."""
+    if "error" in quantization:
+        return [f"  quantization: cannot be dequantized: {quantization['error']}"]
+    if not quantization:
+        return []
+    counts = ", ".join(f"{scheme} ({n} weights)" for scheme, n in quantization["schemes"].items())
+    lines = [f"  quantization: {counts} (--dequantize makes them plain tensors)"]
+    weights = quantization["weights"]
+    for weight in weights[:QUANTIZED_SHOWN]:
+        params = ", ".join(f"{k} {v}" for k, v in weight["params"].items())
+        parts = " + ".join(weight["tensors"].values())
+        lines.append(f"    {weight['weight']}: {weight['scheme']} ({params}) <- {parts}")
+    if len(weights) > QUANTIZED_SHOWN:
+        lines.append(f"    … {len(weights) - QUANTIZED_SHOWN} more (--format json lists all)")
     return lines
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DTYPES, DType
-from ..errors import OptionError
+from ..errors import CkptportError, OptionError
 from ..quant import (
     DEQUANTIZE_CHOICES,
     QuantError,
@@ -30,7 +30,7 @@ from ..tensors import Computed, to_torch
 from ..tree import format_path, rebuild_dict, replace_state_dicts, state_dicts
 from .base import Change, RuleResult
 
-__all__ = ["Dequantize", "recognized", "refuse_cast"]
+__all__ = ["Dequantize", "recognized", "refuse_cast", "quantization_of"]
 
 
 def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
@@ -42,6 +42,23 @@ def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
         if recognition:
             found.append((_prefix(path), recognition))
     return found
+
+
+def quantization_of(checkpoint: Checkpoint) -> dict[str, Any]:
+    """What reports and manifests record of a checkpoint's quantized weights: per scheme the
+    count, per weight its tensors and parameters; a report of a file that cannot be
+    dequantized says why instead of failing."""
+    try:
+        found = recognized(checkpoint)
+    except CkptportError as exc:
+        return {"error": str(exc.args[0])}
+    weights = [{**w, "weight": f"{prefix}.{w['weight']}" if prefix else w["weight"]}
+               for prefix, recognition in found for w in recognition.describe()["weights"]]
+    schemes: dict[str, int] = {}
+    for _, recognition in found:
+        for scheme, count in recognition.counts().items():
+            schemes[scheme] = schemes.get(scheme, 0) + count
+    return {"schemes": schemes, "weights": weights} if weights else {}
 
 
 def refuse_cast(checkpoint: Checkpoint, target: DType, casts: Mapping[str, DType]) -> None:
