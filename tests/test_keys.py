@@ -246,6 +246,9 @@ def test_a_collision_names_both_keys(det):
                                       "backbone (7), head (2)"),
     (["--subtree", "backbone", "--map", "RECIPE"], "--map holds the key steps in its own "
                                                    "order"),
+    (["--rename", r"(\w+\.?)+x", "y"], r"--rename '(\\w+\\.?)+x': can take exponential time"),
+    (["--rename", "(a|ab)*c", "y"], "alternatives that may begin alike, inside a repeat"),
+    (["--rename", r"(\w+)\.\1", "y"], "a backreference"),
 ])
 def test_bad_steps_exit_2_one_line_nothing_written(run, det, tmp_path, args, message):
     args = [str(det["toml"]) if a == "RECIPE" else a for a in args]
@@ -269,6 +272,11 @@ def test_bad_steps_exit_2_one_line_nothing_written(run, det, tmp_path, args, mes
                                                  "REPLACEMENT]"),
     ("shape.toml", 'subtree = "a"', "--map: a recipe holds one list, steps = [...]"),
     ("missing.toml", None, "--map: no such file"),
+    ("nested.toml", "steps = " + "[" * 300 + "]" * 300, "--map: nested 300 levels deep"),
+    ("nested.json", '{"steps": ' + "[" * 200_000 + "]" * 200_000 + "}",
+     "--map: nested 200001 levels deep"),
+    ("exponential.toml", "steps = [{ rename = ['^(a+)+$', 'x'] }]",
+     "--map: step 1: rename '^(a+)+$': can take exponential time"),
 ])
 def test_bad_recipe_exit_2_names_the_file(run, det, tmp_path, name, text, message):
     recipe = tmp_path / name
@@ -281,6 +289,81 @@ def test_bad_recipe_exit_2_names_the_file(run, det, tmp_path, name, text, messag
     assert len(lines) == 1 and lines[0].startswith(f"ckptport: error: {recipe}: "), result.stderr
     assert message in lines[0]
     assert not out.exists()
+
+
+def test_a_recipe_rename_may_have_an_empty_replacement(run, det, tmp_path):
+    """The usual prefix strip, ``rename = ['^module\\.', '']``, as the CLI takes it."""
+    recipe = tmp_path / "strip.toml"
+    recipe.write_text("steps = [{ rename = ['^module\\.', ''] }]\n")
+    out = tmp_path / "out.pth"
+    result = run("normalize", det["det"], out, "--keep-prefixes", "--map", recipe)
+    assert result.exit_code == 0, result.stderr
+    assert list(_loaded(out)) == list(_detector_state())
+    empty_pattern = tmp_path / "empty.toml"
+    empty_pattern.write_text("steps = [{ rename = ['', 'x'] }]\n")
+    assert run("normalize", det["det"], tmp_path / "o2.pth", "--map", empty_pattern
+               ).exit_code == 2
+
+
+# patterns people write in recipes, each renaming what re.sub would: (pattern, replacement)
+ORDINARY = [
+    (r"^module\.", ""), (r"^(?:module\.|model\.)+", ""), (r"_orig_mod\.", ""),
+    (r"(.*)\.weight", r"\1.w"), (r"^(.*)\.weight$", r"\1.w"), (r"\.(weight|bias)$", r".p_\1"),
+    (r"^blocks\.(\d+)\.", r"layers.\1."), (r"(?:\w+\.)+weight", r"<\g<0>>"),
+    (r"^(?:[^.]+\.)*weight$", r"<\g<0>>"), (r"(.*)\.(.*)\.weight", r"\2.\1"),
+    (r"encoder|decoder", "coder"),
+    (r"(?i)^Backbone\.", "bb."), (r"^(?P<l>layers\.\d+)\.", r"\g<l>/"), (r"\bbias\b", "b"),
+    (r"(?<=\.)weight$", "w"), (r"a.*?b", r"<\g<0>>"),
+]
+
+
+@pytest.mark.parametrize(("pattern", "replacement"), ORDINARY)
+def test_ordinary_rename_patterns_rename_as_re_sub(pattern, replacement):
+    keys = ["module.backbone.0.weight", "model.layers.12.attn.bias", "blocks.3.mlp.weight",
+            "encoder.a.b.weight", "Backbone.x", "layers.7.norm.weight", "_orig_mod.fc.bias"]
+    options = NormalizeOptions(rename=((pattern, replacement),), keep_prefixes=True)
+    (rule,) = key_rules(options.key_steps, require_match=False)
+    checkpoint, _ = rule(_checkpoint(keys))
+    want = [re.sub(pattern, replacement, k) for k in keys]
+    assert list(checkpoint.tree) == want
+
+
+@pytest.mark.parametrize(("pattern", "degree"), [
+    (r"^module\.", 1), (r"^(.*)\.weight$", 1), (r"^(?:[^.]+\.)*weight$", 1), (r"layers\.\d+", 1),
+    (r"(.*)\.weight", 2), (r"(?:\w+\.)+weight", 2), (r"^(.*)(.*)x", 2), (r"(.*)\.(.*)\.weight", 3),
+    (r"(.*)(.*)(.*)x", 4),
+])
+def test_a_patterns_cost_is_read_from_its_structure(pattern, degree):
+    """The degree D of n^D matching steps on an n-character key, from the parsed pattern:
+    repeats that compete with what follows them, and unanchored search."""
+    from ckptport.rules.patterns import STEPS, cost
+
+    found = cost(pattern)
+    assert found.degree == degree
+    assert found.longest() ** degree <= STEPS * 1.01
+
+
+@pytest.mark.parametrize("pattern", [
+    r"(a+)+$", r"(a*)*b", r"(a|a)*", r"(a|ab)*c", r"(\w+)\1", r"(x\w+)+$", r"(\w+\.?)+x",
+    r"((ab)*)*", r"(.*a){20}", r"(?:a+)+", r"(?:\d|\d\w)+!", r"([a-z]+[0-9]*)+:",
+])
+def test_exponential_patterns_are_refused_before_any_key(pattern):
+    """Each of these backtracks exponentially on a key that almost matches."""
+    with pytest.raises(RuleError, match="can take exponential time"):
+        NormalizeOptions(rename=((pattern, "x"),))
+
+
+def test_a_key_too_long_for_a_costly_pattern_is_refused_naming_it():
+    """(.*)\\.(.*)\\.weight is n^3: renamed on keys of up to 464 characters; the anchored
+    equivalent is linear and renames any key."""
+    keys = ["a.b.weight", "x" * 2000 + ".y.bias"]
+    (rule,) = key_rules(NormalizeOptions(rename=((r"(.*)\.(.*)\.weight", r"\2"),)).key_steps)
+    with pytest.raises(RuleError, match="a key of 2007 characters .* of at most 464"):
+        rule(_checkpoint(keys))
+    (rule,) = key_rules(NormalizeOptions(rename=((r"^([^.]*)\.([^.]*)\.weight$", r"\2"),)
+                                         ).key_steps)
+    renamed, _ = rule(_checkpoint(keys))
+    assert list(renamed.tree) == ["b", keys[1]]
 
 
 def test_python_310_reads_json_recipes_and_says_why_not_toml(det, monkeypatch):

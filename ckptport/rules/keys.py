@@ -23,6 +23,13 @@ and its sha256 is recorded wherever the options are::
     ]
 
 TOML needs Python 3.11+ (``tomllib``); JSON reads everywhere.
+
+Time is bounded by the input as memory is: a rename pattern is judged from
+its structure before any key is read (``patterns``: one that can backtrack
+exponentially is refused; a key longer than the pattern's polynomial cost
+allows is refused naming it), and a recipe is at most 1 MiB nested at most
+``MAX_RECIPE_DEPTH`` deep, measured by a linear scan before a parser (both
+recurse per level) sees it.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from ..tree import (
     state_dicts,
 )
 from .base import Change, RuleResult
+from .patterns import Cost, Exponential, cost
 
 __all__ = ["Subtree", "KeepDrop", "Rename", "Recipe", "Step", "load_recipe", "recipe_of",
            "key_rules", "compile_rename", "recipe_from_json", "STEP_KINDS",
@@ -57,6 +65,8 @@ __all__ = ["Subtree", "KeepDrop", "Rename", "Recipe", "Step", "load_recipe", "re
 STEP_KINDS = ("subtree", "keep", "drop", "rename")
 KEY_MAP_SHA256 = "ckptport.map_sha256"  # safetensors metadata: the recipe this file was made with
 MAX_RECIPE_BYTES = 1 << 20
+MAX_RECIPE_DEPTH = 16  # a recipe is 3 deep: the document, steps = [...], a step {...}, a list
+MAX_PATTERN = 1000  # characters of one rename pattern
 
 KeyMap = Callable[[str], "str | None"]  # new name of a key, or None to drop it
 
@@ -200,14 +210,26 @@ class KeepDrop:
         return any(fnmatch.fnmatchcase(key, p) for p in self.drop)
 
 
-def compile_rename(pattern: str, replacement: str, where: str = "--rename") -> re.Pattern[str]:
-    """The compiled pattern, its replacement checked; ``RuleError`` naming the option."""
+def compile_rename(pattern: str, replacement: str, where: str = "--rename"
+                   ) -> tuple[re.Pattern[str], Cost]:
+    """The compiled pattern and what matching one key costs, its replacement checked;
+    ``RuleError`` naming the option for a pattern that does not parse or has no bound."""
+    if len(pattern) > MAX_PATTERN:
+        raise RuleError(f"{where}: a pattern of {len(pattern)} characters (at most "
+                        f"{MAX_PATTERN})")
     try:
         compiled = re.compile(pattern)
         compiled.sub(replacement, "")  # parses the replacement's group references
+        bound = cost(pattern)
     except re.error as exc:
         raise RuleError(f"{where} {pattern!r} {replacement!r}: {exc}") from None
-    return compiled
+    except RecursionError:
+        raise RuleError(f"{where} {pattern!r}: groups nested too deeply") from None
+    except Exponential as exc:
+        raise RuleError(f"{where} {pattern!r}: can take exponential time on a key that "
+                        f"almost matches ({exc}); write each repeat so that what ends it "
+                        "cannot continue it, e.g. ([^.]+\\.)* instead of (.+\\.?)*") from None
+    return compiled, bound
 
 
 @dataclass(frozen=True)
@@ -225,8 +247,15 @@ class Rename:
     name: str = "rename"
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
-        compiled = compile_rename(self.pattern, self.replacement)
+        compiled, bound = compile_rename(self.pattern, self.replacement)
         keys = _all_keys(checkpoint)
+        longest = max(keys, key=len, default="")
+        if len(longest) > bound.longest():
+            raise RuleError(f"--rename {self.pattern!r}: a key of {len(longest)} characters "
+                            f"({longest[:40]!r}…); this pattern's matching can cost n^"
+                            f"{bound.degree} steps on n characters, so it renames keys of at "
+                            f"most {bound.longest()} (anchor it with ^…$, or use [^.]* for .*)",
+                            checkpoint.source.path)
         if self.require_match and not any(compiled.search(k) for k in keys):
             raise RuleError(f"--rename {self.pattern!r}: matches no key (the keys' top-level "
                             f"prefixes are {_top_prefixes(keys)})", checkpoint.source.path)
@@ -288,8 +317,37 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     except UnicodeDecodeError as exc:
         raise RuleError(f"--map: not UTF-8 text ({exc.reason} at byte {exc.start})",
                         target) from None
+    depth = _depth(text)
+    if depth > MAX_RECIPE_DEPTH:
+        raise RuleError(f"--map: nested {depth} levels deep (a recipe is 4; at most "
+                        f"{MAX_RECIPE_DEPTH})", target)
     doc = _parse(text, target)
     return Recipe(str(target), hashlib.sha256(data).hexdigest(), _steps(doc, target))
+
+
+def _depth(text: str) -> int:
+    """How deep ``[`` and ``{`` nest in a TOML or JSON text, outside strings and comments
+    (one pass; a parser's recursion is never where a deep nesting is found)."""
+    depth = deepest = i = 0
+    n = len(text)
+    while i < n:
+        char = text[i]
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif char in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] == char * 3 else char
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if char == '"' and text[i] == "\\" else 1
+            i += len(quote) - 1
+        i += 1
+    return deepest
 
 
 def _parse(text: str, target: Path) -> Any:
@@ -328,7 +386,8 @@ def _step(raw: Any, index: int, target: Path) -> Step:
                         target)
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not values or \
-            not all(isinstance(v, str) and v for v in values):
+            not all(isinstance(v, str) for v in values) or \
+            not all(values[:1] if kind == "rename" else values):  # a replacement may be ""
         raise RuleError(f"{where}: {kind} takes a string or a list of strings", target)
     if kind == "subtree" and len(values) != 1:
         raise RuleError(f"{where}: subtree takes one prefix", target)
