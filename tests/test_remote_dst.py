@@ -262,3 +262,49 @@ def test_safetensors_source_metadata_survives_upload(bucket, run, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert run("normalize", path, tmp_path / "local.safetensors", "-q").exit_code == 0
     assert _get(bucket, "small.safetensors") == (tmp_path / "local.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of three small checkpoints in two folders."""
+    root = tmp_path_factory.mktemp("dst_zoo")
+    for i, rel in enumerate(("a/one.pth", "a/two.pth", "b/three.safetensors")):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"module.w": torch.full((4, 4), float(i))}
+        if path.suffix == ".pth":
+            torch.save({"state_dict": state}, path)
+        else:
+            save_file(state, path)
+    return root
+
+
+def _folder(run: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    result = run("normalize", *args, "--format", "json", "-q", "--jobs", "1")
+    assert result.exit_code == 0, result.stderr
+    made: dict[str, Any] = json.loads(result.stdout)
+    return made
+
+
+def test_folder_mode_into_a_bucket_resumes_and_splits(bucket, zoo, run, tmp_path):
+    dst = f"s3://{BUCKET}/zoo/"
+    outputs = ["zoo/a/one.safetensors", "zoo/a/two.safetensors", "zoo/b/three.safetensors"]
+    first = _folder(run, zoo, dst, "--to", "safetensors")
+    assert first["counts"]["converted"] == 3
+    assert [k for k in _keys(bucket) if "/.ckptport-journal/" not in k] == outputs
+    assert not bucket.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    local = _folder(run, zoo, tmp_path / "zoo", "--to", "safetensors")
+    assert local["counts"]["converted"] == 3
+    for key in outputs:
+        assert _get(bucket, key) == (tmp_path / key).read_bytes()
+    assert _folder(run, zoo, dst, "--to", "safetensors")["counts"]["skipped"] == 3
+    bucket.delete_object(Bucket=BUCKET, Key="zoo/a/two.safetensors")
+    again = _folder(run, zoo, dst, "--to", "safetensors")
+    assert (again["counts"]["converted"], again["counts"]["skipped"]) == (1, 2)
+    parts = [_folder(run, zoo, f"s3://{BUCKET}/split/", "--to", "safetensors", "--part", p)
+             for p in ("1/2", "2/2")]
+    assert sum(p["counts"]["converted"] for p in parts) == 3
+    assert len([k for k in _keys(bucket) if k.startswith("split/")
+                and "/.ckptport-journal/" not in k]) == 3
+    missing = run("normalize", zoo, "s3://missing-bucket/zoo/", "-q")
+    assert missing.exit_code == 2 and "no such bucket" in missing.stderr

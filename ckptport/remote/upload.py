@@ -173,31 +173,50 @@ class S3Store:
                 raise OutputError(f"no such bucket {self.bucket!r}", self.path) from None
             self._call("head_bucket")  # the same failure, in the words every call uses
 
-    def exists(self, name: str) -> bool:
+    def head(self, name: str) -> tuple[int, str] | None:
+        """``name``'s size and ETag, or None when there is no such object."""
         from .s3 import refusal
 
         try:
-            self._raw("head_object", Key=self.folder + name)
+            head = self._raw("head_object", Key=self.folder + name)
         except DeadlineError:
             raise
         except Exception as exc:
             code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
             if code in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             made = refusal(exc, self.where(name))
             raise OutputError(str(getattr(made, "message", made)), self.where(name)) from None
-        return True
+        return int(head["ContentLength"]), str(head.get("ETag", ""))
+
+    def exists(self, name: str) -> bool:
+        return self.head(name) is not None
 
     def names(self) -> list[str]:
         """The objects directly in the folder (not below it), staging objects left out."""
+        return [n for n in self.below("", nested=False) if not n.endswith(TEMP_SUFFIX)]
+
+    def below(self, prefix: str, nested: bool = True) -> list[str]:
+        """The names of the objects under ``prefix`` in the folder (relative to the folder)."""
         found: list[str] = []
         token: dict[str, str] = {}
         while True:
-            page = self._call("list_objects_v2", Prefix=self.folder, Delimiter="/", **token)
+            page = self._call("list_objects_v2", Prefix=self.folder + prefix,
+                              **({} if nested else {"Delimiter": "/"}), **token)
             found += [o["Key"][len(self.folder):] for o in page.get("Contents", ())]
             if not page.get("IsTruncated"):
-                return [n for n in found if not n.endswith(TEMP_SUFFIX)]
+                return found
             token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def get(self, name: str) -> bytes:
+        """A small object, whole (a journal entry)."""
+        body: bytes = self._call("get_object", self.where(name),
+                                 Key=self.folder + name)["Body"].read()
+        return body
+
+    def put(self, name: str, data: bytes) -> None:
+        """A small object in one request (a journal entry: written whole or not at all)."""
+        self._call("put_object", self.where(name), Key=self.folder + name, Body=data)
 
     # -- staging
 

@@ -21,6 +21,11 @@ single-file promise (verified, atomic, deterministic) holds per file.
   coordination); each part keeps its own journal file.
 - **Interrupted** (Ctrl-C, SIGTERM): files in progress leave nothing
   behind, finished ones stay and are journalled; run again to resume.
+- **A bucket DST_DIR** (``s3://BUCKET/PREFIX/``): each output is uploaded and
+  verified as ``normalize_file`` does for a URL; the journal is one small
+  object per output under ``PREFIX/.ckptport-journal/PART/`` (S3 objects
+  cannot be appended to), and an output counts as still as written while
+  its size and ETag are those recorded.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from ...errors import (
 from ...parallel import workers
 from ...progress import Progress, no_progress
 from ...readers.discover import Found, discover, inside
+from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions
 from ...sources import sha256_files
 from ...tree import TextEnum
@@ -106,7 +112,7 @@ class FileOutcome:
 @dataclass(frozen=True)
 class FolderReport:
     src: Path
-    dst: Path
+    dst: Path | RemotePath
     files: tuple[FileOutcome, ...]
     not_checkpoints: tuple[tuple[str, str], ...]  # files no loader opens, with the reason
     seconds: float
@@ -166,7 +172,21 @@ def _output_name(found: Found, src: Path, fmt: OutputFormat) -> str:
     return relative + (fmt.extension if fmt.kind is Kind.FILE else "")
 
 
-def plan_folder(src: Path, dst: Path, settings: FolderOptions
+def _folder(dst: str | os.PathLike[str]) -> Path | RemotePath:
+    """DST_DIR: a local folder, or an ``s3://BUCKET/PREFIX/`` URL (the outputs are uploaded)."""
+    if not is_remote(os.fspath(dst)):
+        return Path(dst)
+    from ...remote import location
+
+    url = location(os.fspath(dst))
+    if not isinstance(url, RemotePath) or url.url.scheme != "s3" or \
+            not url.url.key.endswith("/") and url.url.key:
+        raise OutputError("folder mode writes to a local folder or s3://BUCKET/PREFIX/ (a "
+                          "URL ending in '/')", url)
+    return url
+
+
+def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
                 ) -> tuple[list[_Task], list[FileOutcome], list[tuple[str, str]]]:
     """The files of this part to convert, collisions (as failures), and non-checkpoints."""
     fmt = FORMATS.get(settings.to)
@@ -175,7 +195,7 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
                           f"{', '.join(FORMATS)})", dst)
     if not src.is_dir():
         raise InputError("is not a folder", src)
-    if inside(dst, src) or inside(src, dst):
+    if isinstance(dst, Path) and (inside(dst, src) or inside(src, dst)):
         raise OutputError(f"and {src} lie inside one another; write the outputs elsewhere", dst)
     try:
         found = discover(src)
@@ -184,7 +204,7 @@ def plan_folder(src: Path, dst: Path, settings: FolderOptions
     if not found.checkpoints:
         raise InputError("is a directory with no checkpoint in it (no checkpoint file, shard "
                          "set, DCP or Hugging Face folder below it)", src)
-    if file_extension(dst):
+    if isinstance(dst, Path) and file_extension(dst):
         raise OptionError(f"is a folder of checkpoints, which folder mode writes to a folder, "
                           f"but DST {dst} names a file; name a folder", src)
     tasks: list[_Task] = []
@@ -237,6 +257,85 @@ def _read_journals(dst: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
+class _LocalOutputs:
+    """DST_DIR on this machine: outputs are files, each part's journal one file."""
+
+    def __init__(self, dst: Path) -> None:
+        self.dst = dst
+
+    def target(self, output: str) -> Path:
+        out = self.dst / output
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+
+    def state(self, output: str) -> dict[str, Any] | None:
+        """What says the output is still as written (None: it is gone)."""
+        out = self.dst / output
+        if not out.exists():
+            return None
+        size, mtime = _stat((out,))
+        return {"out_size": size, "out_mtime_ns": mtime}
+
+    def ready(self) -> None:
+        """Folders are made as outputs are written."""
+
+    def journal(self) -> dict[str, dict[str, Any]]:
+        return _read_journals(self.dst)
+
+    def record(self, part: tuple[int, int] | None, entry: dict[str, Any]) -> None:
+        _append(_journal_path(self.dst, part), entry)
+
+
+class _BucketOutputs:
+    """DST_DIR in a bucket: outputs are objects, the journal an object per output (S3
+    cannot append). Holds only the URL, so it travels to worker processes."""
+
+    def __init__(self, dst: RemotePath) -> None:
+        self.url = str(dst)
+
+    def _store(self) -> Any:
+        from ...remote import location
+        from ...remote.upload import S3Store
+
+        return S3Store(location(self.url))  # type: ignore[arg-type]
+
+    def target(self, output: str) -> str:
+        return self.url + output
+
+    def state(self, output: str) -> dict[str, Any] | None:
+        head = self._store().head(output)
+        return None if head is None else {"out_size": head[0], "out_etag": head[1]}
+
+    def ready(self) -> None:
+        """The bucket is there and in reach, before any file is converted."""
+        self._store().check_bucket()
+
+    def journal(self) -> dict[str, dict[str, Any]]:
+        store = self._store()
+        entries: dict[str, dict[str, Any]] = {}
+        for name in sorted(store.below(f"{JOURNAL_DIR}/")):
+            try:
+                entry = json.loads(store.get(name))
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("output"), str):
+                entries[entry["output"]] = entry
+        return entries
+
+    def record(self, part: tuple[int, int] | None, entry: dict[str, Any]) -> None:
+        folder = _journal_path(Path(), part).name.removesuffix(".jsonl")
+        name = hashlib.sha256(entry["output"].encode()).hexdigest()[:32]
+        self._store().put(f"{JOURNAL_DIR}/{folder}/{name}.json",
+                          json.dumps(entry, sort_keys=True).encode())
+
+
+_Outputs = _LocalOutputs | _BucketOutputs
+
+
+def _outputs(dst: Path | RemotePath) -> _Outputs:
+    return _BucketOutputs(dst) if isinstance(dst, RemotePath) else _LocalOutputs(dst)
+
+
 def _stat(paths: tuple[Path, ...]) -> tuple[int, int]:
     """Total size and latest mtime of files (a folder output: the files in it)."""
     size, mtime = 0, 0
@@ -248,12 +347,12 @@ def _stat(paths: tuple[Path, ...]) -> tuple[int, int]:
     return size, mtime
 
 
-def _done_before(task: _Task, dst: Path, entry: dict[str, Any] | None, key: str) -> bool:
+def _done_before(task: _Task, outputs: _Outputs, entry: dict[str, Any] | None,
+                 key: str) -> bool:
     if entry is None or entry.get("options") != key or entry.get("source") != task.source:
         return False
-    out = dst / task.output
-    if not out.exists() or list(_stat((out,))) != [entry.get("out_size"),
-                                                    entry.get("out_mtime_ns")]:
+    state = outputs.state(task.output)
+    if state is None or any(entry.get(k) != v for k, v in state.items()):
         return False
     if list(_stat(task.found.files)) == [entry.get("size"), entry.get("mtime_ns")]:
         return True
@@ -263,15 +362,15 @@ def _done_before(task: _Task, dst: Path, entry: dict[str, Any] | None, key: str)
 # -- the work -------------------------------------------------------------------------
 
 
-def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict[str, Any]:
+def _convert(task: _Task, src: Path, outputs: _Outputs, settings: FolderOptions
+             ) -> dict[str, Any]:
     """One file, in a worker process: the outcome and the journal entry (if converted)."""
     from .file import normalize_file
 
     start = time.monotonic()
-    out = dst / task.output
     before = _stat(task.found.files)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out = outputs.target(task.output)
         report = normalize_file(task.found.path, out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
                                 jobs=1, hash_source=True, metadata=settings.metadata,
@@ -286,12 +385,12 @@ def _convert(task: _Task, src: Path, dst: Path, settings: FolderOptions) -> dict
         return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
                                        f"internal error: {type(exc).__name__}: {exc}",
                                        task.size)}
-    out_size, out_mtime = _stat((out,))
+    state = outputs.state(task.output) or {}
     entry = {"source": task.source, "output": task.output, "options": settings.key(),
              "sha256": report.source_sha256, "size": before[0], "mtime_ns": before[1],
-             "out_size": out_size, "out_mtime_ns": out_mtime}
-    outcome = FileOutcome(task.source, task.output, Status.CONVERTED, "", task.size, out_size,
-                          time.monotonic() - start)
+             **state}
+    outcome = FileOutcome(task.source, task.output, Status.CONVERTED, "", task.size,
+                          state.get("out_size", 0), time.monotonic() - start)
     return {"outcome": outcome, "entry": entry}
 
 
@@ -326,31 +425,32 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         OutputError, OptionError: ``dst`` is unusable (inside ``src``, names a file).
     """
     settings = settings or FolderOptions()
-    src_dir, dst_dir = Path(src), Path(dst)
+    src_dir, dst_dir = Path(src), _folder(dst)
     start = time.monotonic()
     tasks, outcomes, others = plan_folder(src_dir, dst_dir, settings)
     if settings.dry_run:
         outcomes += [FileOutcome(t.source, t.output, Status.PLANNED, "", t.size) for t in tasks]
         return _report(src_dir, dst_dir, outcomes, others, start, settings)
-    journal = {} if settings.overwrite else _read_journals(dst_dir)
+    outputs = _outputs(dst_dir)
+    outputs.ready()
+    journal = {} if settings.overwrite else outputs.journal()
     key = settings.key()
     todo = []
     for task in tasks:
-        if _done_before(task, dst_dir, journal.get(task.output), key):
+        if _done_before(task, outputs, journal.get(task.output), key):
             outcomes.append(FileOutcome(task.source, task.output, Status.SKIPPED,
                                         "converted before from the same bytes and options",
                                         task.size))
         else:
             todo.append(task)
-    log = _journal_path(dst_dir, settings.part)
     files_bar = progress("files", len(todo))
     bytes_bar = progress("bytes", sum(t.size for t in todo))
     try:
-        for result in _run(todo, src_dir, dst_dir, settings):
+        for result in _run(todo, src_dir, outputs, settings):
             outcome = result["outcome"]
             outcomes.append(outcome)
             if "entry" in result:
-                _append(log, result["entry"])
+                outputs.record(settings.part, result["entry"])
             files_bar(1)
             bytes_bar(outcome.bytes_in)
     except KeyboardInterrupt:
@@ -361,7 +461,7 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     return _report(src_dir, dst_dir, outcomes, others, start, settings)
 
 
-def _run(todo: list[_Task], src: Path, dst: Path, settings: FolderOptions
+def _run(todo: list[_Task], src: Path, dst: _Outputs, settings: FolderOptions
          ) -> Iterator[dict[str, Any]]:
     """Outcomes as they finish; biggest files first, so a big one does not end alone."""
     order = sorted(todo, key=lambda t: -t.size)
@@ -405,7 +505,7 @@ def _append(log: Path, entry: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _report(src: Path, dst: Path, outcomes: list[FileOutcome],
+def _report(src: Path, dst: Path | RemotePath, outcomes: list[FileOutcome],
             others: list[tuple[str, str]], start: float,
             settings: FolderOptions) -> FolderReport:
     return FolderReport(src, dst, tuple(sorted(outcomes, key=lambda o: o.source)),
