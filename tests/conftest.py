@@ -44,6 +44,15 @@ def frameworks(request: pytest.FixtureRequest,
 
 
 @pytest.fixture(scope="session")
+def dist(frameworks: Launch | None) -> Path:
+    """Real DeepSpeed, Lightning and FSDP checkpoints (world sizes 1 and 2), made once."""
+    pytest.importorskip("deepspeed", reason="the test extra's deepspeed is not installed")
+    pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is not installed")
+    assert frameworks is not None  # started by conftest for every session that uses dist
+    return frameworks.wait()
+
+
+@pytest.fixture(scope="session")
 def fx(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Path]:
     return build(tmp_path_factory.mktemp("fixtures"), sentinel)
 

@@ -24,20 +24,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from fixtures.distributed import DS_CONFIGS, WS1, Launch, net_class
+from fixtures.distributed import DS_CONFIGS, WS1, net_class
 from fixtures.hostile import PROTO2, STOP, system, write_zip
 
 ZERO_TO_FP32 = [c for c in DS_CONFIGS if c not in ("s0_bf16", "s1_bf16_fp32acc")]
 CASES = [(2, c) for c in ZERO_TO_FP32] + [(1, c) for c in WS1 if c in ZERO_TO_FP32]
-
-
-@pytest.fixture(scope="session")
-def dist(frameworks: Launch | None) -> Path:
-    """Real DeepSpeed, Lightning and FSDP checkpoints (world sizes 1 and 2), made once."""
-    pytest.importorskip("deepspeed", reason="the test extra's deepspeed is not installed")
-    pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is not installed")
-    assert frameworks is not None  # started by conftest for every session that uses dist
-    return frameworks.wait()
 
 
 def _quiet(call: Any, *args: Any) -> Any:
@@ -330,11 +321,11 @@ def test_short_flat_group_and_lying_numels(dist, run, tmp_path, config, shape, w
                 "single_partition_of_fp32_groups"
             osd[key] = [g[:-8].clone() for g in osd[key]]
             torch.save(state, path)
-    else:
-        path = sorted(tag.glob("*model_states.pt"))[0]
-        state = torch.load(path, weights_only=False)
-        state["param_shapes"][0]["fc2.weight"] = torch.Size(shape)
-        torch.save(state, path)
+    else:  # every rank's model states lie alike (one that differs is another run's)
+        for path in tag.glob("*model_states.pt"):
+            state = torch.load(path, weights_only=False)
+            state["param_shapes"][0]["fc2.weight"] = torch.Size(shape)
+            torch.save(state, path)
     _refused(run, folder, tmp_path / "out.safetensors", words)
 
 
@@ -490,3 +481,172 @@ def test_load_into_takes_the_tag(dist, tmp_path):
     assert tagged.keys() == want.keys() and all(torch.equal(tagged[k], want[k]) for k in want)
     with pytest.raises(ckptport.OptionError, match="--tag"):
         ckptport.load_state_dict(dist / "fsdp1" / "ws2" / "model_rank0.pt", tag="x")
+
+
+# -- whole or refused: one rank, one file; one run; pieces that tile ---------------------
+
+OTHER = "another run's file"  # what a second spelling of a rank is copied from
+
+
+def _ds(dist: Path, tmp: Path, config: str) -> tuple[Path, Path]:
+    folder = _copy(dist / "ds" / "ws2" / config, tmp / "ds")
+    return folder, folder / "global_step2"
+
+
+# (config, file copied in, from which run's tag folder, the new name, words of the refusal)
+DS_SPELLINGS = {
+    "leading zeros (optimizer rank)": (
+        "s2_fp32", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "s1_fp32",
+        "zero_pp_rank_01_mp_rank_00_optim_states.pt", "rank 1's optimizer states"),
+    "leading zeros (ZeRO-3 model states rank)": (
+        "s3_fp32", "zero_pp_rank_1_mp_rank_00_model_states.pt", "s3_bf16",
+        "zero_pp_rank_001_mp_rank_00_model_states.pt", "rank 1's model states"),
+    "leading zeros (model-parallel rank)": (
+        "s2_fp32", "mp_rank_00_model_states.pt", "s1_fp32", "mp_rank_0_model_states.pt",
+        "rank 0's model states"),
+    "bf16_ beside a plain optimizer file of one rank": (
+        "s2_bf16", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "s2_fp32",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt", "optimizer states of two kinds"),
+    "two model-states kinds": (
+        "s2_fp32", "zero_pp_rank_0_mp_rank_00_model_states.pt", "s3_fp32",
+        "zero_pp_rank_0_mp_rank_00_model_states.pt", "model states of two kinds"),
+    "Arabic-Indic digit": (
+        "s2_fp32", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "s1_fp32",
+        "zero_pp_rank_\u0661_mp_rank_00_optim_states.pt", "cannot read"),
+    "fullwidth digit": (
+        "s3_fp32", "zero_pp_rank_1_mp_rank_00_model_states.pt", "s3_fp32",
+        "zero_pp_rank_\uff11_mp_rank_00_model_states.pt", "cannot read"),
+}
+
+
+@pytest.mark.parametrize("spelling", DS_SPELLINGS)
+def test_a_deepspeed_rank_claimed_twice_is_refused(dist, run, tmp_path, spelling):
+    """Every way two names can mean one DeepSpeed rank file: refused naming both, as
+    zero_to_fp32 refuses the folder; before, the later name silently replaced the earlier
+    and the output mixed two runs' weights."""
+    config, name, other, new, words = DS_SPELLINGS[spelling]
+    folder, tag = _ds(dist, tmp_path, config)
+    shutil.copy(dist / "ds" / "ws2" / other / "global_step2" / name, tag / new)
+    line = _refused(run, folder, tmp_path / "out.safetensors", words, new)
+    assert "global_step2" in line
+    _checked(run, folder, "CKP013", words)
+
+
+def test_a_deepspeed_optimizer_of_mixed_kinds_across_ranks_is_refused(dist, run, tmp_path):
+    folder, tag = _ds(dist, tmp_path, "s2_bf16")
+    (tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").rename(
+        tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    _refused(run, folder, tmp_path / "out.safetensors", "optimizer states of two kinds")
+
+
+@pytest.mark.parametrize(("config", "kind", "fact", "value"), [
+    ("s3_fp32", "model", "global_steps", 3),  # another step of this run, ZeRO-3
+    ("s2_fp32", "optim", "ds_config", {"zero_optimization": {"stage": 2}}),
+    ("s3_bf16", "optim", "ds_version", "0.18.0"),
+])
+def test_a_deepspeed_rank_file_of_another_run_is_refused(dist, run, tmp_path, config, kind,
+                                                         fact, value):
+    """What one save records alike in every rank file (its config, version, step and
+    model facts) must agree; a rank file copied in from another save is refused."""
+    folder, tag = _ds(dist, tmp_path, config)
+    path = sorted(tag.glob(f"*rank_1_mp_rank_00_{kind}_states.pt"))[0]
+    state = torch.load(path, weights_only=False)
+    state[fact] = value
+    torch.save(state, path)
+    _refused(run, folder, tmp_path / "out.safetensors", path.name, f"another {fact}",
+             "different runs")
+    _checked(run, folder, f"another {fact}")
+
+
+@pytest.mark.parametrize(("kind", "new"), [
+    ("fsdp2", "model_rank01.pt"), ("fsdp1", "model_rank001.pt"), ("dtensor", "state_rank01.pt")])
+def test_a_rank_file_under_two_spellings_is_refused(dist, run, tmp_path, kind, new):
+    folder = _copy(dist / kind / "ws2", tmp_path / kind)
+    shutil.copy(folder / next(p.name for p in folder.glob("*rank1.pt")), folder / new)
+    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 is claimed by 2 files", new)
+    _checked(run, folder, "rank 1 is claimed by 2 files")
+
+
+def test_a_rank_number_in_other_digits_is_not_a_rank(dist, run, tmp_path):
+    """``model_rank\u0661.pt``: int() reads it as 1, ckptport reads ASCII digits only: the
+    folder is no longer one set of rank files, and each rank file alone is partial."""
+    folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp2")
+    shutil.copy(folder / "model_rank1.pt", folder / "model_rank\u0661.pt")
+    result = run("normalize", folder, tmp_path / "out.safetensors")
+    assert result.exit_code == 2 and not (tmp_path / "out.safetensors").exists()
+    _checked(run, folder, "holds rank 1's shard")
+
+
+def test_a_rank_file_holding_another_ranks_shard_is_refused(dist, run, tmp_path):
+    """Two files, two names, one rank's shard (the DTensor says which rank saved it)."""
+    folder = _copy(dist / "dtensor" / "ws2", tmp_path / "dtensor")
+    shutil.copy(folder / "state_rank0.pt", folder / "state_rank1.pt")
+    _refused(run, folder, tmp_path / "out.safetensors", "state_rank1.pt",
+             "holds rank 0's shard")
+    _checked(run, folder, "holds rank 0's shard")
+
+
+# -- DCP: chunks proven to tile before torch.empty -------------------------------------
+
+
+def _dcp_truth(folder: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DCP's own load of a sharded save into whole tensors (resharding, no process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    target = {k: torch.zeros_like(v) for k, v in like.items()}
+    _quiet(lambda: dcp.load(target, checkpoint_id=str(folder), no_dist=True))
+    return target
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("kind", ["fsdp2", "dtensor"])
+def test_a_sharded_dcp_save_matches_dcps_own_load(dist, run, tmp_path, world, kind):
+    folder = dist / "dcp" / f"ws{world}" / kind
+    want = _dcp_truth(folder, torch.load(dist / "truth" / f"ws{world}" / f"{kind}.pt",
+                                         weights_only=True))
+    _same(_normalize(run, folder, tmp_path / "out.safetensors"), want)
+
+
+def _forge_dcp(src: Path, dst: Path, fqn: str, forge: Any) -> Path:
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    folder = _copy(src, dst)
+    with (folder / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)  # our own file, written by the session's fixture
+    item = metadata.state_dict_metadata[fqn]
+    forge(item, metadata.storage_data, MetadataIndex)
+    with (folder / ".metadata").open("wb") as f:
+        pickle.dump(metadata, f)
+    return folder
+
+
+def _grow(item: Any, storage: Any, index: Any) -> None:
+    item.size = torch.Size([item.size[0] + 2])  # 7 elements declared as 9: 7, 8 uncovered
+
+
+def _shift(item: Any, storage: Any, index: Any) -> None:
+    chunk = item.chunks[1]  # rank 1's chunk [4, 7) claimed at [3, 6)
+    info = storage.pop(index("shard0", chunk.offsets))
+    chunk.offsets = torch.Size([3])
+    storage[index("shard0", chunk.offsets)] = info
+
+
+def _no_data(item: Any, storage: Any, index: Any) -> None:
+    del storage[index("shard0", item.chunks[1].offsets)]
+
+
+@pytest.mark.parametrize(("forge", "words"), [
+    (_grow, ("no piece holds element 7 of its [9]", "a missing or short shard")),
+    (_shift, ("element 3 of its [7] is held by 2 pieces", "__0_0.distcp", "__1_0.distcp")),
+    (_no_data, ("chunk at [4] has no data",)),
+])
+def test_dcp_chunks_that_do_not_tile_are_refused_before_allocating(dist, run, tmp_path, forge,
+                                                                   words):
+    """A .metadata declaring more elements than its chunks hold left the rest as whatever
+    torch.empty returned; chunks that overlap, or have no data, are refused alike."""
+    folder = _forge_dcp(dist / "dcp" / "ws2" / "dtensor", tmp_path / "dcp", "shard0", forge)
+    _refused(run, folder, tmp_path / "out.safetensors", "'shard0'", *words)
+    result = run("check", folder)
+    assert result.exit_code in (1, 2) and "'shard0'" in result.stdout, result.stdout

@@ -37,7 +37,9 @@ from ..errors import CkptportError, InputError
 from ..sources import MemorySource, check_regular
 from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
+from .assembled import check_tiling
 from .base import Layout, Names, ReadOptions, Source
+from .layouts import LayoutError, layout_problem
 
 __all__ = ["DcpReader", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
 
@@ -188,6 +190,31 @@ def _checked_shape(folder: Path, fqn: str, item: Any, data_bytes: int) -> tuple[
     return tuple(size), dtype
 
 
+def _chunks_tile(folder: Path, fqn: str, item: Any, shape: tuple[int, ...],
+                 storage: dict[Any, Any]) -> None:
+    """Prove the item's chunks tile its declared shape, each with data, before torch
+    allocates the tensor uninitialized (``torch.empty``) for DCP to fill: an element no
+    chunk covers would be written out as whatever memory held."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    chunks = getattr(item, "chunks", None)
+    if not isinstance(chunks, list):
+        raise InputError(f"corrupt DCP metadata for {fqn!r}: no chunk list", folder)
+    boxes = []
+    for chunk in chunks:
+        offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
+        if not all(isinstance(v, tuple) and len(v) == len(shape) and all(
+                type(d) is int and d >= 0 for d in v) for v in (offsets, sizes)):
+            raise InputError(f"corrupt DCP metadata for {fqn!r}: a chunk's offsets or sizes "
+                             f"are not {len(shape)} sizes", folder)
+        info = storage.get(MetadataIndex(fqn, offsets))
+        if info is None:
+            raise InputError(f"DCP item {fqn!r}: its chunk at {list(offsets)} has no data "
+                             "(no storage entry)", folder)
+        boxes.append((offsets, sizes, str(getattr(info, "relative_path", "?"))))
+    check_tiling(repr(fqn), folder, shape, boxes)
+
+
 def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
     """Place ``value`` at ``path`` as DCP's traversal does: ints index lists, strs key dicts."""
     node: Any = tree
@@ -249,6 +276,15 @@ class DcpReader:
         return Layout(folder, tuple(folder / n for n in covered), self, Format.DCP)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
+        try:
+            return self._load(source, options)
+        except LayoutError as exc:  # chunks that do not tile a tensor: CKP013 in reports
+            if not options.lenient:
+                raise
+            return layout_problem(source.main, self.format, source.files,
+                                  "torch.distributed.checkpoint", [exc.message])
+
+    def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
         import torch
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
@@ -268,7 +304,8 @@ class DcpReader:
             value: Any = None
             if isinstance(item, TensorStorageMetadata):
                 shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
-                value = torch.empty(shape, dtype=dtype)
+                _chunks_tile(folder, fqn, item, shape, metadata.storage_data)
+                value = torch.empty(shape, dtype=dtype)  # every element proven written
             loaded = {fqn: value}
             reader, planner = _reader_and_planner(folder, metadata)
             try:

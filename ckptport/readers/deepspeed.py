@@ -37,7 +37,7 @@ from ..dtypes import DTYPES
 from ..errors import InputError
 from ..tensors import CHUNK_BYTES, Pending, TensorInfo, chunks, view_key
 from ..tree import is_tensor, rebuild_dict
-from .assembled import Run, assemble, flat_run
+from .assembled import Box, assemble, flat_box
 from .base import Layout, Names, ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
@@ -47,8 +47,10 @@ FORMAT = Format("deepspeed")
 LATEST = "latest"
 LIGHTNING_TAG = "checkpoint"
 _MAX_TAG = 4096
-_MODEL = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
-_OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
+# ASCII digits only: int() reads "١" (Arabic-Indic one) as 1, a second spelling of rank 1
+_MODEL = re.compile(r"(zero_pp_rank_([0-9]+)_)?mp_rank_([0-9]+)_model_states\.pt")
+_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_([0-9]+)_mp_rank_([0-9]+)_optim_states\.pt")
+_RANK_FILE = ("model_states.pt", "optim_states.pt")  # what DeepSpeed's own globs take
 
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
@@ -120,23 +122,55 @@ def _plain_tag(tag: str) -> bool:
 
 
 class _Files:
-    """A tag folder's rank files, by kind and rank."""
+    """A tag folder's rank files, by kind and rank: each rank claimed by one file.
+
+    Two names can mean one rank: leading zeros (``zero_pp_rank_1``,
+    ``zero_pp_rank_01``), the bf16 optimizer's ``bf16_`` prefix beside a plain
+    file, ZeRO-3's per-rank model states beside ZeRO 0-2's ``mp_rank_00``. Each is
+    a file of another run or a copy; which one DeepSpeed meant cannot be told, so
+    the folder is refused naming both, as ``zero_to_fp32`` refuses it (it counts
+    every ``*_optim_states.pt``). So is a rank file whose name DeepSpeed's globs
+    take but whose rank cannot be read from it.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.model: dict[int, Path] = {}
         self.optim: dict[int, Path] = {}
+        kinds: dict[str, dict[bool, Path]] = {"model states": {}, "optimizer states": {}}
+        claims: dict[tuple[str, int], list[Path]] = {}
         for path in sorted(folder.iterdir()):
-            for pattern, kind in ((_MODEL, self.model), (_OPTIM, self.optim)):
+            matched = False
+            for pattern, kind, what in ((_MODEL, self.model, "model states"),
+                                        (_OPTIM, self.optim, "optimizer states")):
                 match = pattern.fullmatch(path.name)
                 if match is None:
                     continue
-                rank, mp = match.groups()
+                matched = True
+                spelled, rank, mp = match.groups()
                 if int(mp):
                     raise InputError(f"holds {path.name}: model-parallel (tensor or pipeline) "
                                      "DeepSpeed checkpoints are not consolidated; only "
                                      "mp_rank_00", folder)
-                kind[int(rank or 0)] = path
+                kinds[what].setdefault(spelled is not None, path)
+                claims.setdefault((what, int(rank or 0)), []).append(path)
+                kind.setdefault(int(rank or 0), path)
+            if not matched and path.name.endswith(_RANK_FILE):
+                raise LayoutError(f"holds {path.name}, a DeepSpeed rank file's name whose "
+                                  "rank ckptport cannot read (DeepSpeed writes "
+                                  "[bf16_]zero_pp_rank_N_mp_rank_00_optim_states.pt and "
+                                  "[zero_pp_rank_N_]mp_rank_00_model_states.pt)", folder)
+        for what, spellings in kinds.items():
+            if len(spellings) > 1:
+                raise LayoutError(f"holds {what} of two kinds ({spellings[False].name}, "
+                                  f"{spellings[True].name}): files of two runs (ZeRO "
+                                  f"{'0-2 and 3' if what == 'model states' else 'and bf16'})"
+                                  "; remove the other run's", folder)
+        for (what, rank), paths in sorted(claims.items()):
+            if len(paths) > 1:
+                raise LayoutError(f"rank {rank}'s {what} are claimed by {len(paths)} files "
+                                  f"({', '.join(p.name for p in paths)}): one rank, one "
+                                  "file; remove the one that is not this run's", folder)
         if 0 not in self.model:
             raise LayoutError("holds no model states of rank 0 (mp_rank_00_model_states.pt "
                               "or zero_pp_rank_0_mp_rank_00_model_states.pt)", folder)
@@ -154,6 +188,30 @@ class _Files:
                             f"(ranks {stale[0]}..{stale[-1]}), left over from an earlier run "
                             "with more ranks; ignored")
         return [kind[r] for r in range(world)]
+
+
+# what every file of one save records alike: any rank file, and each rank's model states
+# (ZeRO-3; shared_params is per rank: rank 0 records the ties, the others none)
+_FILE_FACTS = ("ds_version", "ds_config")
+_RUN_FACTS = ("param_shapes", "frozen_param_shapes", "buffer_names", "global_steps",
+              "global_samples", "skipped_steps", "dp_world_size", "mp_world_size")
+
+
+def _one_run(trees: list[Any], files: list[Path], facts: tuple[str, ...], folder: Path) -> None:
+    """Refuse rank files that are not of one save: a fact two files record differs (a
+    rank file copied in from another run, or another step of this one). A fact a file
+    does not record (older DeepSpeed, Lightning) is not compared."""
+    first = trees[0] if isinstance(trees[0], dict) else {}
+    for tree, path in zip(trees[1:], files[1:], strict=True):
+        if not isinstance(tree, dict):
+            continue
+        for fact in facts:
+            if fact in first and fact in tree and tree[fact] != first[fact]:
+                shown = (f" ({tree[fact]!r}, {files[0].name} {first[fact]!r})"
+                         if len(repr(tree[fact])) + len(repr(first[fact])) < 80 else "")
+                raise LayoutError(f"{path.name} records another {fact} than "
+                                  f"{files[0].name}{shown}: rank files of different runs",
+                                  folder)
 
 
 def _get(tree: Any, key: str, path: Path, kind: type | tuple[type, ...] = object) -> Any:
@@ -192,23 +250,25 @@ class _Flat:
     """The flat fp32 vector of one param group (ZeRO-1/2) or of all groups (ZeRO-3) on
     each rank, read as element ranges: what ``torch.cat`` would make, never made."""
 
-    def __init__(self, parts: list[TensorInfo], path: Path) -> None:
+    def __init__(self, parts: list[TensorInfo], path: Path,
+                 origins: list[str] | None = None) -> None:
         self.parts, self.path = parts, path
+        self.origins = origins or [path.name] * len(parts)
         self.ends = list(_running(p.numel() for p in parts))
         self.numel = self.ends[-1] if self.ends else 0
 
-    def runs(self, start: int, count: int, at: int, name: str) -> Iterator[Run]:
+    def boxes(self, start: int, count: int, at: int, name: str) -> Iterator[Box]:
         """Elements ``start..start + count``, placed at element ``at`` of ``name``."""
         if start + count > self.numel:
             raise InputError(f"{name} needs elements {start}..{start + count} of a flat fp32 "
                              f"partition of {self.numel}: the flat group is shorter than "
                              "param_shapes need", self.path)
         begin = 0
-        for part, end in zip(self.parts, self.ends, strict=True):
+        for part, end, origin in zip(self.parts, self.ends, self.origins, strict=True):
             low, high = max(start, begin), min(start + count, end)
             if low < high:
-                yield flat_run(part, low - begin, high - low, at + low - start, name,
-                               self.path)
+                yield flat_box(part, low - begin, high - low, at + low - start, name,
+                               self.path, origin)
             begin = end
 
 
@@ -290,6 +350,8 @@ class DeepSpeedReader:
             files = (*model_files, *optim_files)
             if any(part.source.refused_globals for part in parts):  # lenient: name them
                 return Checkpoint({}, merged_facts(folder, FORMAT, parts, files, {}))
+            _one_run([m.tree for m in models], model_files, _RUN_FACTS, folder)
+            _one_run([p.tree for p in parts], list(files), _FILE_FACTS, folder)
             for other, path in zip(optims, optim_files, strict=True):
                 theirs = _get(other.tree, "optimizer_state_dict", path, dict)
                 if theirs.get("partition_count") != count or theirs.get(
@@ -446,7 +508,7 @@ def _zero12(tree: dict[str, Any], world: int, shapes: list[dict[str, Any]],
                          f"param_shapes {len(shapes)}", files[0])
     align = 2 * world
     for index, group in enumerate(shapes):
-        whole = _Flat([groups[index] for groups in flats], files[0])
+        whole = _Flat([groups[index] for groups in flats], files[0], [f.name for f in files])
         pads = paddings[index] if isinstance(paddings, list) and index < len(paddings) else None
         if pads is not None and (not isinstance(pads, list) or len(pads) != len(group)):
             raise InputError(f"param_alignment_paddings of group {index} do not match its "
@@ -456,7 +518,7 @@ def _zero12(tree: dict[str, Any], world: int, shapes: list[dict[str, Any]],
             dims = _shape(shape, name, path0)
             numel = math.prod(dims)
             tree[name] = assemble(name, files[0], DTYPES["float32"], dims,
-                                  whole.runs(offset, numel, 0, name))
+                                  whole.boxes(offset, numel, 0, name), frame=(numel,))
             offset += numel
             if pads is not None:
                 pad = pads[position]
@@ -486,11 +548,12 @@ def _zero3(tree: dict[str, Any], world: int, shapes: list[dict[str, Any]],
             dims = _shape(shape, name, path0)
             numel = math.prod(dims)
             part = -(-numel // world)
-            runs: list[Run] = []
+            boxes: list[Box] = []
             for rank, flat in enumerate(ranks):
                 take = max(0, min(part, numel - rank * part))
-                runs += flat.runs(offset, take, rank * part, name)
-            tree[name] = assemble(name, files[0], DTYPES["float32"], dims, runs)
+                boxes += flat.boxes(offset, take, rank * part, name)
+            tree[name] = assemble(name, files[0], DTYPES["float32"], dims, boxes,
+                                  frame=(numel,))
             offset += part
     if offset != ranks[0].numel:
         raise InputError(f"param_shapes use {offset} elements of each rank's flat fp32 "
@@ -514,7 +577,7 @@ def _frozen(tree: dict[str, Any], stage: int, world: int, shapes: dict[str, Any]
                                  "frozen_param_fragments or has the wrong size", files[0])
             tree[name] = leaf
             continue
-        runs: list[Run] = []
+        boxes: list[Box] = []
         at = 0
         dtypes = set()
         for frags, path in zip(fragments, files, strict=True):
@@ -524,9 +587,9 @@ def _frozen(tree: dict[str, Any], stage: int, world: int, shapes: dict[str, Any]
             dtypes.add(piece.dtype)
             take = max(0, min(piece.numel(), numel - at))
             if take:
-                runs.append(flat_run(piece, 0, take, at, name, path))
+                boxes.append(flat_box(piece, 0, take, at, name, path, path.name))
             at += take
         if len(dtypes) != 1:
             raise LayoutError(f"the ranks' fragments of frozen parameter {name!r} differ in "
                               "dtype: rank files of different runs", files[0])
-        tree[name] = assemble(name, files[0], dtypes.pop(), dims, runs)
+        tree[name] = assemble(name, files[0], dtypes.pop(), dims, boxes, frame=(numel,))

@@ -14,6 +14,7 @@ rank 0's.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -24,32 +25,52 @@ from ..checkpoint import Checkpoint, Format
 from ..tensors import view_key
 from ..tree import rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
-from .assembled import Run, assemble, box_runs
+from .assembled import Box, TilingError, assemble, shard_box
 from .base import Layout, Names, ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
-__all__ = ["RankFilesReader", "rank_files", "one_rank", "FORMAT"]
+__all__ = ["RankFilesReader", "rank_files", "claimed", "one_claim", "one_rank", "FORMAT"]
 
 FORMAT = Format("rank-files")
-_RANK = re.compile(r"(?i)(.*?rank[_-]?)(\d+)(.*\.(?:pt|pth|bin))")
+_RANK = re.compile(r"(?i)(.*?rank[_-]?)([0-9]+)(.*\.(?:pt|pth|bin))")  # ASCII digits only
 
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 
 def rank_files(folder: Path, names: frozenset[str]) -> dict[int, Path] | None:
     """The folder's rank files by rank, when all its checkpoint files are one set of them
-    (one name with the rank number in it: ``model_rank0.pt``, ``rank_1.pth``)."""
-    sets: dict[tuple[str, str], dict[int, Path]] = {}
+    (one name with the rank number in it: ``model_rank0.pt``, ``rank_1.pth``); a rank
+    two names claim (``model_rank1.pt``, ``model_rank01.pt``) is the first of them here,
+    and refused by the reader (``claimed``)."""
+    claims = claimed(folder, names)
+    return None if claims is None else {rank: paths[0] for rank, paths in claims.items()}
+
+
+def claimed(folder: Path, names: frozenset[str]) -> dict[int, list[Path]] | None:
+    """Every name of the folder's one set of rank files, by the rank number it spells
+    (leading zeros and all); None when its checkpoint files are not one such set."""
+    sets: dict[tuple[str, str], dict[int, list[Path]]] = {}
     others = 0
     for name in sorted(names):
         match = _RANK.fullmatch(name)
         if match is None:
             others += name.lower().endswith((".pt", ".pth", ".bin"))
             continue
-        sets.setdefault((match[1], match[3]), {})[int(match[2])] = folder / name
+        sets.setdefault((match[1], match[3]), {}).setdefault(int(match[2]), []).append(
+            folder / name)
     if len(sets) != 1 or others:
         return None
     return next(iter(sets.values()))
+
+
+def one_claim(claims: dict[int, list[Path]], folder: Path, what: str = "rank") -> None:
+    """Refuse a rank that two files claim under two spellings: reading either would
+    silently leave the other out (one of them is another run's)."""
+    for rank, paths in sorted(claims.items()):
+        if len(paths) > 1:
+            raise LayoutError(f"{what} {rank} is claimed by {len(paths)} files "
+                              f"({', '.join(p.name for p in paths)}): one rank, one file; "
+                              "remove the one that is not this run's", folder)
 
 
 def _walk(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -109,16 +130,19 @@ class RankFilesReader:
     def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A folder whose checkpoint files are one set of rank files."""
-        ranks = None if names is None else rank_files(folder, names)
-        if ranks is None:
-            return None
-        return Layout(folder, tuple(ranks.values()), self, FORMAT)
+        claims = None if names is None else claimed(folder, names)
+        if claims is None:
+            return None  # every name that claims a rank is covered: two of one are refused
+        return Layout(folder, tuple(p for paths in claims.values() for p in paths), self,
+                      FORMAT)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         folder = source.main
-        files = rank_files(folder, frozenset(f.name for f in source.files)) or {}
+        claims = claimed(folder, frozenset(f.name for f in source.files)) or {}
+        files = {rank: paths[0] for rank, paths in claims.items()}
         problems: list[str] = []
         try:
+            one_claim(claims, folder)
             return self._load(folder, files, options, problems)
         except LayoutError as exc:
             if not options.lenient:
@@ -158,7 +182,7 @@ class RankFilesReader:
                                           for p in layout.pieces))
             if record not in made:
                 name = _key(path)
-                shards = [_shard(part.tree, path, layout, rank, file, world, name)
+                shards = [(_shard(part.tree, path, layout, rank, file, world, name), file)
                           for rank, (part, file) in enumerate(zip(parts, used, strict=True))]
                 made[record] = _assembled(name, folder, layout, shards)
                 placements.update(layout.placements)
@@ -177,7 +201,8 @@ class RankFilesReader:
 
 def _shard(tree: Any, path: tuple[Any, ...], layout: ShardLayout, rank: int, file: Path,
            world: int, name: str) -> ShardLayout:
-    """Rank ``rank``'s shard of the tensor at ``path``, checked to be of the same tensor."""
+    """Rank ``rank``'s shard of the tensor at ``path``, checked to be of the same tensor,
+    laid out the same way (placements, the shard list), by the rank its name says."""
     value = _at(tree, path)
     if not isinstance(value, ShardRecord) or value.layout is None:
         raise LayoutError(f"{file.name} holds no shard of {name!r}; rank 0's file does",
@@ -189,24 +214,38 @@ def _shard(tree: Any, path: tuple[Any, ...], layout: ShardLayout, rank: int, fil
                           f"{list(theirs.shape)} over {theirs.world} ranks, rank 0 as a "
                           f"{layout.dtype.name}{list(layout.shape)} over {world}: rank files "
                           "of different runs", file.parent)
+    if (theirs.placements, theirs.expected) != (layout.placements, layout.expected):
+        raise LayoutError(f"{file.name} lays {name!r} out as {', '.join(theirs.placements)}"
+                          f", rank 0's file as {', '.join(layout.placements)} (or lists "
+                          "other shards): rank files of different runs", file.parent)
     if theirs.rank >= 0 and theirs.rank != rank:
         raise LayoutError(f"{file.name} holds rank {theirs.rank}'s shard of {name!r}, not "
                           f"rank {rank}'s", file.parent)
     return theirs
 
 
-def _assembled(name: str, folder: Path, layout: ShardLayout, shards: list[ShardLayout]
-               ) -> Any:
-    """The whole tensor from every rank's pieces; replicated pieces are read once."""
-    boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = {}
-    for shard in shards:
+def _assembled(name: str, folder: Path, layout: ShardLayout,
+               shards: list[tuple[ShardLayout, Path]]) -> Any:
+    """The whole tensor from every rank's pieces, proven to tile it (``assembled``).
+
+    A box two ranks hold is read once where the placements replicate it
+    (``Replicate`` on a mesh dimension); anywhere else it is an overlap.
+    """
+    replicated = layout.kind == DTENSOR and "Replicate()" in layout.placements
+    holders: dict[tuple[tuple[int, ...], tuple[int, ...]], Path] = {}
+    boxes: list[Box] = []
+    for shard, file in shards:
         for piece in shard.pieces:
-            boxes.setdefault((piece.offsets, piece.sizes), piece)
-    runs: list[Run] = []
-    for piece in boxes.values():
-        runs += box_runs(layout.shape, piece.offsets, piece.tensor, name, folder)
-    tensor = assemble(name, folder, layout.dtype, layout.shape, runs)
-    if layout.expected and set(boxes) != set(layout.expected):
+            key = (piece.offsets, piece.sizes)
+            if key in holders and math.prod(piece.sizes):
+                if replicated:
+                    continue
+                raise TilingError(f"{name}: {holders[key].name} and {file.name} both hold "
+                                  f"its shard of {list(piece.sizes)} at {list(piece.offsets)}"
+                                  ": overlapping shards", folder)
+            holders[key] = file
+            boxes.append(shard_box(piece.offsets, piece.tensor, name, folder, file.name))
+    if layout.expected and set(holders) != set(layout.expected):
         raise LayoutError(f"{name!r}: the shard metadata lists {len(layout.expected)} shards; "
-                          f"the rank files hold {len(boxes)} others", folder)
-    return tensor
+                          f"the rank files hold {len(holders)} others", folder)
+    return assemble(name, folder, layout.dtype, layout.shape, boxes)
