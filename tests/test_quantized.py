@@ -348,3 +348,82 @@ def test_load_into_dequantizes_or_refuses_the_cast(fp8):
     state = ckptport.load_state_dict(fp8, dequantize="float32")
     assert state[QUANTIZED[0]].dtype == torch.float32
     assert not any(k.endswith("_scale_inv") for k in state)
+
+
+# -- compressed-tensors: folders the library wrote (fixtures/quantized.py), its oracles ----
+
+QUANTIZED_FIXTURES = Path(__file__).with_name("quantized")
+ORACLES = json.loads((QUANTIZED_FIXTURES / "oracles.json").read_text())
+
+
+def _digests(path: Path) -> dict[str, str]:
+    from fixtures.quantized import digest
+
+    return {name: digest(tensor) for name, tensor in sorted(load_file(path).items())}
+
+
+@pytest.mark.parametrize("folder", sorted(ORACLES["folders"]))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_compressed_tensors_dequantized_as_the_library_does(folder, dtype, run, tmp_path):
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", QUANTIZED_FIXTURES / folder / "model.safetensors", out,
+                 "--dequantize", dtype)
+    assert result.exit_code == 0, result.output
+    assert "compressed-tensors" in result.stdout
+    assert _digests(out) == ORACLES["folders"][folder][dtype]
+
+
+def test_recorded_oracles_are_the_installed_librarys():
+    """The digests above are what compressed-tensors computes today, not a stale copy."""
+    from fixtures.quantized import compressed_tensors_oracle
+
+    for folder in ("ct-w4a16_asym", "ct-nvfp4a16", "ct-fp8_block"):
+        assert compressed_tensors_oracle(QUANTIZED_FIXTURES / folder, "bfloat16") == \
+            ORACLES["folders"][folder]["bfloat16"], folder
+
+
+def test_compressed_tensors_without_config_decided_by_the_tensors(tmp_path, run):
+    source = QUANTIZED_FIXTURES / "ct-w4a16_asym" / "model.safetensors"
+    alone = tmp_path / "alone" / "model.safetensors"
+    alone.parent.mkdir()
+    alone.write_bytes(source.read_bytes())
+    out = tmp_path / "out.safetensors"
+    assert run("normalize", alone, out, "--dequantize").exit_code == 0
+    assert _digests(out) == ORACLES["folders"]["ct-w4a16_asym"]["bfloat16"]
+
+
+def test_a_config_that_contradicts_the_tensors_is_refused(tmp_path, run):
+    folder = tmp_path / "lying"
+    folder.mkdir()
+    source = QUANTIZED_FIXTURES / "ct-w4a16"
+    (folder / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", folder / "model.safetensors", out, "--dequantize")
+    assert result.exit_code == 2
+    assert "group_size 64" in result.stderr and "up_proj" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("folder", ["ct-fp8", "ct-w4a16", "ct-nvfp4a16"])
+def test_compressed_tensors_scales_are_never_cast(folder, run, tmp_path):
+    result = run("normalize", QUANTIZED_FIXTURES / folder / "model.safetensors",
+                 tmp_path / "out.safetensors", "--dtype", "float32")
+    assert result.exit_code == 2
+    assert "compressed-tensors" in result.stderr and "--dequantize" in result.stderr
+
+
+def test_a_scheme_ckptport_does_not_know_is_not_cast_either(tmp_path, run):
+    """ModelOpt's NVFP4 layout (weight_scale_2): no dequantizer here, and no silent cast."""
+    path = tmp_path / "modelopt.safetensors"
+    save_file({"m.weight": torch.zeros(4, 8, dtype=torch.uint8),
+               "m.weight_scale": torch.ones(4, 1).to(torch.float8_e4m3fn),
+               "m.weight_scale_2": torch.ones(()), "m.input_scale": torch.ones(()),
+               "norm.weight": torch.ones(4)}, path)
+    result = run("normalize", path, tmp_path / "out.safetensors", "--dtype", "bfloat16")
+    assert result.exit_code == 2
+    assert "does not dequantize" in result.stderr
+    kept = run("normalize", path, tmp_path / "kept.safetensors")
+    assert kept.exit_code == 0

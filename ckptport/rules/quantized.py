@@ -61,8 +61,10 @@ def quantization_of(checkpoint: Checkpoint) -> dict[str, Any]:
     return {"schemes": schemes, "weights": weights} if weights else {}
 
 
-def refuse_cast(checkpoint: Checkpoint, target: DType, casts: Mapping[str, DType]) -> None:
-    """Raise ``QuantError`` when ``casts`` (tensor path -> its dtype) touch a quantized part.
+def refuse_cast(checkpoint: Checkpoint, target: DType, dtypes: Mapping[str, DType],
+                casts: set[str]) -> None:
+    """Raise ``QuantError`` when ``casts`` (tensor paths, of ``dtypes``: every tensor's) touch
+    a quantized part.
 
     Codes and scales of a recognized scheme are refused by name; a dtype
     that only means something through a scheme (E8M0, packed FP4/FP6) is
@@ -75,16 +77,39 @@ def refuse_cast(checkpoint: Checkpoint, target: DType, casts: Mapping[str, DType
             where = f"{prefix}.{name}" if prefix else name
             if where in casts:
                 raise QuantError(
-                    f"{where}: --dtype {target.name} would cast the {casts[where]} part of "
+                    f"{where}: --dtype {target.name} would cast the {dtypes[where]} part of "
                     f"{weight.scheme.name} weight {weight.name} as numbers; dequantize it "
                     f"with --dequantize {target.name} (its scheme's reference values)",
                     checkpoint.source.path)
-    for where, dtype in casts.items():
+    for where in sorted(casts):
+        dtype = dtypes[where]
+        unknown = _unrecognized_scheme(where, dtypes)
+        if unknown:
+            raise QuantError(f"{where}: --dtype {target.name} would cast it, but its module "
+                             f"also holds {unknown}: the parts of a quantized weight of a "
+                             "scheme ckptport does not dequantize; cast nothing (--dtype "
+                             "keep)", checkpoint.source.path)
         if dtype.is_code:
             raise QuantError(f"{where}: --dtype {target.name} would cast {dtype} codes as "
                              "numbers (they only mean something through a quantization "
                              "scheme); keep them (--dtype keep) or --dequantize a scheme "
                              "ckptport recognizes", checkpoint.source.path)
+
+
+_QPARAM_WORDS = ("scale", "zero_point", "absmax", "SCB", "qzeros", "quant_state", "quant_map")
+
+
+def _unrecognized_scheme(name: str, tensors: Mapping[str, DType]) -> str | None:
+    """Why ``name`` looks like part of a quantized weight no scheme claimed, if it does: its
+    module holds both quantization parameters (a scale, zero points) and low-precision codes
+    (FP8 or integers), as ModelOpt's NVFP4 and every scheme's parts do."""
+    module = name.rpartition(".")[0]
+    siblings = {n: d for n, d in tensors.items() if n.rpartition(".")[0] == module}
+    qparams = [n for n in siblings if any(w in n.rpartition(".")[2] for w in _QPARAM_WORDS)]
+    codes = [n for n, d in siblings.items() if d.name.startswith("float8") or d.kind in "iu"]
+    if qparams and codes and name in (*qparams, *codes):
+        return f"{qparams[0]} and {codes[0]}"
+    return None
 
 
 def _prefix(path: tuple[Any, ...]) -> str:

@@ -82,9 +82,10 @@ class CastDtype:
         target = DTYPES[self.dtype]
         changes: list[Change] = []
         done: dict[Any, Any] = {}
-        refuse_cast(checkpoint, target, {
-            format_path(path): dtype_of(value) for path, value in iter_tensors(checkpoint.tree)
-            if _casts(dtype_of(value), target)})
+        dtypes = {format_path(path): dtype_of(value)
+                  for path, value in iter_tensors(checkpoint.tree)}
+        refuse_cast(checkpoint, target, dtypes,
+                    {name for name, dtype in dtypes.items() if _casts(dtype, target)})
 
         def cast(path: tuple[Any, ...], value: Any) -> Any:
             if not is_tensor(value):

@@ -1,0 +1,306 @@
+"""compressed-tensors checkpoints (llm-compressor, vLLM's format): three layouts per module ``X``.
+
+- ``float-quantized`` / ``int-quantized`` / ``naive-quantized``:
+  ``X.weight`` holds FP8 (or int8) codes, ``X.weight_scale`` one scale per
+  tensor ``(1,)``, per row ``(N, 1)``, per group ``(N, K / g)`` or per block
+  ``(ceil(N / bm), ceil(K / bn))``, and ``X.weight_zero_point`` the zero
+  points of an asymmetric scheme;
+- ``pack-quantized`` (W4A16, W8A16, …): ``X.weight_packed`` (int32) holds
+  ``b``-bit integers densely, element ``i`` of a row at bit ``i * b`` (little
+  endian), offset by ``2 ** (b - 1)``; ``X.weight_shape`` the unpacked shape;
+  zero points are packed the same way along the rows;
+- ``nvfp4-pack-quantized``: ``X.weight_packed`` (uint8, two FP4 E2M1 values
+  per byte, low nibble first), ``X.weight_scale`` (FP8, one per 16 values)
+  and ``X.weight_global_scale`` (float32).
+
+The layout and its parameters come from the tensors (dtypes and shapes fix
+the bits, the group and the block); a model folder's ``quantization_config``
+is checked against them, and a contradiction is refused. Activation qparams
+(``X.input_scale`` and the like) are consumed.
+
+Dequantized: compressed-tensors' own arithmetic, operation for operation
+(``compressors.*.decompress`` then ``.to(dtype)``, as its
+``CompressedTensorsDequantizer`` does): codes and zero points in the scale's
+dtype, ``(codes - zero_point) * scale`` there (the NVFP4 scale divided by
+the global scale first), then cast. The weight is ``X.weight``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..dtypes import dtype_of
+from . import QuantError, QuantizedWeight, register
+
+if TYPE_CHECKING:
+    import torch
+
+ACTIVATION_QPARAMS = ("input_scale", "input_zero_point", "input_global_scale",
+                      "output_scale", "output_zero_point")
+FLOAT_CODES = frozenset({"float8_e4m3fn", "float8_e5m2"})
+SCALES = frozenset({"float32", "bfloat16", "float16"})
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_GROUP = 16
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class CompressedTensors:
+    name: str = "compressed-tensors"
+    reference: str = ("compressed_tensors.entrypoints.convert.CompressedTensorsDequantizer "
+                      "(compressors' decompress)")
+
+    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
+             ) -> Iterator[QuantizedWeight]:
+        for name in tensors:
+            module, _, local = name.rpartition(".")
+            if local != "weight_scale":
+                continue
+            weight = self._weight(module, tensors, _configured_weights(config))
+            if weight is not None:
+                yield weight
+
+    def _weight(self, module: str, tensors: Mapping[str, Any],
+                configured: Mapping[str, Any] | None) -> QuantizedWeight | None:
+        def part(local: str) -> Any:
+            return tensors.get(f"{module}.{local}")
+
+        scale = part("weight_scale")
+        extra = tuple(f"{module}.{n}" for n in ACTIVATION_QPARAMS if part(n) is not None)
+        if part("weight_scale_2") is not None:  # ModelOpt's NVFP4: not this scheme
+            return None
+        if part("weight_packed") is not None and part("weight_global_scale") is not None:
+            made = _nvfp4(module, part("weight_packed"), scale)
+            roles = ("weight_packed", "weight_scale", "weight_global_scale")
+        elif part("weight_packed") is not None:
+            made = _packed(module, part("weight_packed"), scale, part("weight_shape"),
+                           part("weight_zero_point"), (configured or {}).get("num_bits"))
+            roles = ("weight_packed", "weight_scale", "weight_zero_point")
+        elif part("weight") is not None:
+            made = _naive(module, part("weight"), scale, part("weight_zero_point"))
+            roles = ("weight", "weight_scale", "weight_zero_point")
+        else:
+            raise QuantError(f"{module}.weight_scale: a weight scale without its weight "
+                             f"({module}.weight or {module}.weight_packed)")
+        shape, params = made
+        if configured is not None:
+            _agrees(module, params, configured)
+        parts = {role: f"{module}.{role}" for role in roles if part(role) is not None}
+        if part("weight_shape") is not None:
+            extra = (f"{module}.weight_shape", *extra)
+        return QuantizedWeight(self, f"{module}.weight", shape, parts, params, extra)
+
+    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
+        named = dict(zip(weight.parts, parts, strict=True))
+        params = weight.params
+        scale = named["weight_scale"]
+        if params["format"] == "nvfp4-pack-quantized":
+            values = _unpack_fp4(named["weight_packed"])
+            scale = scale.to(torch.bfloat16).unsqueeze(-1) / named["weight_global_scale"]
+            grouped = values.unflatten(-1, (values.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
+            made = (grouped.to(scale.dtype) * scale).flatten(-2).to(torch.bfloat16)
+            return made.to(dtype)
+        if params["format"] == "pack-quantized":
+            codes = _unpack_ints(named["weight_packed"], params["num_bits"], weight.shape[-1])
+            zero = named.get("weight_zero_point")
+            if zero is not None:
+                zero = _unpack_ints(zero.transpose(0, 1), params["num_bits"],
+                                    scale.shape[0]).transpose(0, 1)
+        else:
+            codes, zero = named["weight"], named.get("weight_zero_point")
+        return _affine(codes, scale, zero, params).to(dtype)
+
+
+def _affine(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+            params: Mapping[str, Any]) -> torch.Tensor:
+    """``(codes - zero) * scale`` in the scale's dtype, each element with its own scale."""
+    rows, cols = codes.shape[-2:]
+    strategy = params["strategy"]
+    if strategy == "group":
+        size = params["group_size"]
+        values = codes.unflatten(-1, (cols // size, size)).to(scale.dtype)
+        if zero is not None:
+            values = values - zero.unsqueeze(-1).to(scale.dtype)
+        return (values * scale.unsqueeze(-1)).flatten(-2)
+    if strategy == "block":
+        bm, bn = params["block_structure"]
+        scale = scale.repeat_interleave(bm, 0)[:rows].repeat_interleave(bn, 1)[:, :cols]
+        if zero is not None:
+            zero = zero.repeat_interleave(bm, 0)[:rows].repeat_interleave(bn, 1)[:, :cols]
+    values = codes.to(scale.dtype)
+    if zero is not None:
+        values = values - zero.to(scale.dtype)
+    return values * scale
+
+
+def _unpack_ints(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """The ``count`` first ``bits``-bit integers of each row, offset back to signed int8."""
+    import torch
+
+    rows = packed.shape[0]
+    raw = packed.contiguous().view(torch.uint8).reshape(rows, -1)  # little-endian words
+    shifts = torch.arange(8, dtype=torch.uint8)
+    stream = ((raw.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, :count * bits]
+    weights = torch.tensor([1 << i for i in range(bits)], dtype=torch.int32)
+    values = (stream.reshape(rows, count, bits).to(torch.int32) * weights).sum(-1)
+    return (values - (1 << (bits - 1))).to(torch.int8)
+
+
+def _unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+    magnitude = torch.tensor(E2M1, dtype=torch.float32)[(codes & 0x07).long()]
+    signed = magnitude * torch.where((codes & 0x08).bool(), -1.0, 1.0)
+    return signed.to(torch.bfloat16)
+
+
+def _naive(module: str, weight: Any, scale: Any, zero: Any
+           ) -> tuple[tuple[int, ...], dict[str, Any]]:
+    codes = dtype_of(weight).name
+    if codes not in FLOAT_CODES and codes != "int8":
+        raise QuantError(f"{module}.weight: has a weight_scale but is {dtype_of(weight)}, not "
+                         "FP8 or int8 codes")
+    _scale_dtype(module, scale)
+    shape = tuple(weight.shape)
+    if len(shape) != 2:
+        raise QuantError(f"{module}.weight: quantized codes of shape {list(shape)} (expected "
+                         "2 dimensions)")
+    params: dict[str, Any] = {"format": "float-quantized" if codes in FLOAT_CODES else
+                              "int-quantized", "type": "float" if codes in FLOAT_CODES else
+                              "int", "num_bits": 8, **_strategy(module, shape, scale)}
+    _zero_points(module, zero, tuple(scale.shape), params)
+    return shape, params
+
+
+def _packed(module: str, packed: Any, scale: Any, shape_leaf: Any, zero: Any,
+            configured_bits: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+    if dtype_of(packed).name != "int32":
+        raise QuantError(f"{module}.weight_packed: pack-quantized codes of dtype "
+                         f"{dtype_of(packed)} (expected torch.int32)")
+    if shape_leaf is None or dtype_of(shape_leaf).name not in ("int64", "int32") or \
+            tuple(shape_leaf.shape) != (2,):
+        raise QuantError(f"{module}.weight_shape: pack-quantized weights need their unpacked "
+                         "shape as two integers")
+    _scale_dtype(module, scale)
+    rows, cols = _shape_values(shape_leaf)
+    words = tuple(packed.shape)
+    fits = [b for b in range(1, 9) if len(words) == 2 and words == (rows, _ceil(cols * b, 32))]
+    if not fits:
+        raise QuantError(f"{module}.weight_packed: {list(words)} int32 words cannot hold a "
+                         f"densely packed [{rows}, {cols}] weight of 1 to 8 bits")
+    if configured_bits in fits:
+        bits = int(configured_bits)
+    elif len(fits) == 1:
+        bits = fits[0]
+    else:
+        raise QuantError(f"{module}.weight_packed: {list(words)} words fit {fits[0]} to "
+                         f"{fits[-1]} bits; config.json's quantization_config must say which")
+    params: dict[str, Any] = {"format": "pack-quantized", "type": "int", "num_bits": bits,
+                              **_strategy(module, (rows, cols), scale)}
+    if params["strategy"] == "block":
+        raise QuantError(f"{module}.weight_scale: pack-quantized weights have no block scales")
+    if zero is not None:
+        grid = tuple(scale.shape)
+        if dtype_of(zero).name != "int32" or tuple(zero.shape) != (_ceil(grid[0] * bits, 32),
+                                                                   grid[1]):
+            raise QuantError(f"{module}.weight_zero_point: packed zero points of "
+                             f"{dtype_of(zero)}{list(zero.shape)} do not match scales "
+                             f"{list(grid)} of {bits} bits")
+    params["symmetric"] = zero is None
+    return (rows, cols), params
+
+
+def _nvfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+    if dtype_of(packed).name != "uint8" or len(packed.shape) != 2:
+        raise QuantError(f"{module}.weight_packed: NVFP4 codes of "
+                         f"{dtype_of(packed)}{list(packed.shape)} (expected 2-D torch.uint8)")
+    rows, cols = packed.shape[0], packed.shape[1] * 2
+    if dtype_of(scale).name != "float8_e4m3fn" or tuple(scale.shape) != (
+            rows, _ceil(cols, NVFP4_GROUP)) or cols % NVFP4_GROUP:
+        raise QuantError(f"{module}.weight_scale: NVFP4 scales of "
+                         f"{dtype_of(scale)}{list(scale.shape)} for a [{rows}, {cols}] weight "
+                         f"(expected float8_e4m3fn [{rows}, {cols // NVFP4_GROUP}])")
+    return (rows, cols), {"format": "nvfp4-pack-quantized", "type": "float", "num_bits": 4,
+                          "strategy": "tensor_group", "group_size": NVFP4_GROUP,
+                          "symmetric": True}
+
+
+def _shape_values(leaf: Any) -> tuple[int, int]:
+    from ..tensors import to_numpy
+
+    rows, cols = (int(n) for n in to_numpy(leaf).tolist())
+    return rows, cols
+
+
+def _scale_dtype(module: str, scale: Any) -> None:
+    if dtype_of(scale).name not in SCALES:
+        raise QuantError(f"{module}.weight_scale: a scale of dtype {dtype_of(scale)} (expected "
+                         "float32, bfloat16 or float16)")
+
+
+def _strategy(module: str, shape: tuple[int, ...], scale: Any) -> dict[str, Any]:
+    """How the scale grid tiles a (rows, cols) weight: tensor, channel, group or block."""
+    rows, cols = shape
+    grid = tuple(scale.shape)
+    if all(n == 1 for n in grid) and len(grid) <= 2 and rows != 1:
+        return {"strategy": "tensor"}
+    if grid == (rows, 1):
+        return {"strategy": "channel"}
+    if len(grid) == 2 and grid[0] == rows and grid[1] and cols % grid[1] == 0:
+        return {"strategy": "group", "group_size": cols // grid[1]}
+    if len(grid) == 2 and all(grid):
+        bm, bn = _ceil(rows, grid[0]), _ceil(cols, grid[1])
+        if (_ceil(rows, bm), _ceil(cols, bn)) == grid:
+            return {"strategy": "block", "block_structure": [bm, bn]}
+    raise QuantError(f"{module}.weight_scale: scales of shape {list(grid)} do not tile the "
+                     f"[{rows}, {cols}] weight per tensor, row, group or block")
+
+
+def _zero_points(module: str, zero: Any, grid: tuple[int, ...], params: dict[str, Any]) -> None:
+    params["symmetric"] = zero is None
+    if zero is not None and tuple(zero.shape) != grid:
+        raise QuantError(f"{module}.weight_zero_point: zero points of shape "
+                         f"{list(zero.shape)} for scales {list(grid)}")
+
+
+def _configured_weights(config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The weights' arguments of a compressed-tensors config with one config group."""
+    if not config or config.get("quant_method") != "compressed-tensors":
+        return None
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        return None  # several groups target different modules: the tensors decide
+    (group,) = groups.values()
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(weights, dict):
+        return None
+    return {**weights, "format": group.get("format") or config.get("format")}
+
+
+def _agrees(module: str, found: Mapping[str, Any], configured: Mapping[str, Any]) -> None:
+    """The config's claims the tensors can be held to: a contradiction is refused (one group
+    per row is a channel scale either way)."""
+    kinds = {"group": "channel"}
+    for key in ("num_bits", "type", "strategy", "symmetric", "format", "group_size"):
+        claim, have = configured.get(key), found.get(key)
+        if claim is None or have is None or (key == "format" and claim == "naive-quantized"):
+            continue
+        if key == "strategy":
+            claim, have = kinds.get(claim, claim), kinds.get(have, have)
+        if key == "group_size" and found["strategy"] != "group":
+            continue
+        if claim != have:
+            raise QuantError(f"{module}: config.json quantization_config says {key} "
+                             f"{claim!r}, the tensors say {found[key]!r}")
+
+
+register(CompressedTensors())
