@@ -538,9 +538,10 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @cli.command("check")
 @click.argument("paths", nargs=-1, required=True, type=LOCATION)
 @click.option("--codes", "codes", multiple=True, callback=_codes, metavar="CODES",
-              help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP003).")
+              help="Run only these codes (comma-separated or repeated, e.g. CKP001,CKP004); "
+              "CKP003 (code-running globals) always runs.")
 @click.option("--ignore", "ignore_codes", multiple=True, callback=_codes, metavar="CODES",
-              help="Skip these codes.")
+              help="Skip these codes (all but CKP003).")
 @_normalize_options
 @click.option("--finite", "finite", flag_value="weights", default=None,
               help="Also fail on NaN/inf values of the selected weights (reads them).")

@@ -41,6 +41,7 @@ from ..rules import NormalizeOptions
 from ..tensors import human_bytes
 from ..tree import TextEnum
 from ..unpickle import allowed_names
+from ..unpickle.names import unresolved_package
 
 __all__ = ["CheckCode", "CheckSettings", "FileUnderCheck", "CODES", "Finding", "Severity",
            "FileResult", "Skipped", "CheckReport", "check", "FINITE_SCOPES"]
@@ -181,9 +182,13 @@ def _third_party_calls(file: FileUnderCheck) -> Iterable[Hit]:
     report, where = file.report, _where(file.report)
     for name in report.unproven_callables:
         spelled = _spelled(name, report.spellings.get(name)) or name
+        package = unresolved_package(name)
+        unseen = f"; ckptport never imports {package} to see what the name reaches" \
+            if package else ""
         yield where.get(name), (f"calls {spelled}(…), which full unpickling would run; it "
-                                "cannot be proven harmless (nothing was run; normalize keeps "
-                                "the call as data, or refuses it when it is handed tensors)")
+                                f"cannot be proven harmless{unseen} (nothing was run; normalize "
+                                "keeps the call as data, or refuses it when it is handed "
+                                "tensors)")
 
 
 def _expansion(file: FileUnderCheck) -> Iterable[Hit]:
@@ -279,8 +284,8 @@ CODES = {rule.code: rule for rule in (
               "ckptport normalize SRC DST (turns objects into plain data)", _beyond_weights_only),
     CheckCode("CKP003", "dangerous-global", Severity.ERROR,
               "globals that run code, import or touch files (os.system, builtins.eval, "
-              "subprocess.*, every standard-library global but its few data classes, …), "
-              "each named",
+              "subprocess.*, every standard-library global but its few data classes, what a "
+              "name reaches: torch.os is os, …), each named; cannot be ignored",
               "loading the file with full unpickling runs that code",
               "do not load the file; rebuild it from a trusted source", _dangerous),
     CheckCode("CKP004", "wrapper-prefix", Severity.WARNING,
@@ -399,7 +404,8 @@ def check(
     Args:
         paths: one path or several; a folder is searched for every checkpoint in it.
         codes: run only these codes (``"CKP001"``); default: every code the other
-            arguments ask for. ``ignore``: skip these.
+            arguments ask for. ``ignore``: skip these. CKP003 always runs: a file whose
+            full unpickling runs code never passes (ignoring it is an ``OptionError``).
         finite: ``"weights"`` checks the weights ``options.select`` picks for NaN/inf,
             ``"all"`` every tensor (CKP006); None: not checked.
         require_format: container formats allowed (CKP007).
@@ -442,6 +448,7 @@ def check(
 
 
 _PLANNED: Any = object()  # stands for a reference or manifest not read yet
+ALWAYS = "CKP003"  # runs whatever --codes/--ignore say: code-running names never pass
 
 
 def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSettings
@@ -451,8 +458,11 @@ def _codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSetting
     unknown = [c for c in (*picked, *left_out) if c not in CODES]
     if unknown:
         raise OptionError(f"unknown check code {', '.join(unknown)} (known: {', '.join(CODES)})")
-    return tuple(c for c, code in CODES.items()
-                 if (c in picked if picked else code.wanted(settings)) and c not in left_out)
+    if ALWAYS in left_out:
+        raise OptionError(f"{ALWAYS} cannot be ignored: a file whose full unpickling runs code "
+                          "never passes check")
+    return tuple(c for c, code in CODES.items() if c == ALWAYS or (
+        (c in picked if picked else code.wanted(settings)) and c not in left_out))
 
 
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:

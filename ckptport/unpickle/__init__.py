@@ -1,6 +1,7 @@
 """Read pickles without running them: the scan, the engine, the allow-list, the settle pass.
 
-- ``names``: what a global resolves to and which kind it is (one table);
+- ``names``: what a global resolves to and which kind it is (one table),
+  judged by what it reaches (``reach``: the object full unpickling would get);
 - ``scan``: a bounded walk over the opcodes before anything is unpickled;
 - ``engine``: the C unpickler with ckptport's ``find_class`` and
   ``persistent_load``; the only entry point is ``unpickle``;

@@ -18,22 +18,25 @@ from functools import cache
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
-from . import names, stdlib
+from . import names
 from .distributed_values import distributed_table
+from .names import Kind
 from .numpy_values import numpy_table
 from .torch_values import torch_table
 from .values import (
     Allowed,
     BytesRecord,
+    CodeHook,
     DefaultDict,
     Marker,
     Namespace,
     Recorded,
     Refusal,
     record_class,
+    refuse_code,
 )
 
-__all__ = ["table", "allowed_names"]
+__all__ = ["table", "allowed_names", "getattr_record"]
 
 
 def _concrete(value: Any, what: str) -> Any:
@@ -131,7 +134,8 @@ def _path(kind: type) -> Callable[..., str]:
     return build
 
 
-def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
+def getattr_record(target: Any, name: Any, default: tuple[Any, ...],
+                   on_code: CodeHook) -> type[Recorded]:
     """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
     (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
     ckptport's inert stand-in of a class, never a real object, so the result is an
@@ -139,10 +143,13 @@ def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
 
     One public attribute of a global the file names, and only one: a chain of them
     (``PurePath._flavour.os.system``) or a private attribute walks from a harmless
-    class to anything, and a standard-library attribute beyond the data names is code,
-    as the dotted global would be. Those, and anything else, are refused. A package's
-    own attribute (``ShardedTensor.ProcessGroupState``) is that package's to answer
-    for: called, it is CKP012's tier like any of its callables.
+    class to anything, and those are refused. What the attribute reaches is judged
+    as a global is (``names.judge_attribute``): a standard-library attribute beyond
+    the data names, a module, a function defined elsewhere that runs code
+    (``torch.os`` + ``system``) is code-running, and ``on_code`` refuses or records
+    it. A package's own attribute (``ShardedTensor.ProcessGroupState``) is that
+    package's to answer for: called, it is CKP012's tier like any of its callables,
+    or code-running if it is a resolved function.
     """
     if default or not (isinstance(target, type) and issubclass(target, Recorded)
                        and not target.dangerous and not target.attribute
@@ -151,10 +158,17 @@ def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
         raise Refusal("the file calls builtins.getattr on something other than a recorded "
                       "class's plain attribute: full unpickling reaches anything that way")
     made = f"{target.record_name}.{name}"
-    if stdlib.is_stdlib(made) and names.is_code(made):  # others' attributes: CKP012's tier
-        raise Refusal(f"the file takes {made} with builtins.getattr, which can run code; "
-                      "nothing was run")
-    return record_class(made, False, target.registry, target.lenient, attribute=True)
+    verdict = names.judge_attribute(target.record_name, name)
+    code = verdict.kind is Kind.CODE
+    if code:
+        on_code(made, f"the file takes {made} with builtins.getattr"
+                f"{verdict.reaches(made)}, which can run code; nothing was run")
+    return record_class(made, code, target.registry, target.lenient, attribute=True,
+                        runs=verdict.called, on_code=on_code)
+
+
+def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
+    return getattr_record(target, name, default, refuse_code)
 
 
 def _new(cls: Any, args: tuple[Any, ...]) -> Any:

@@ -6,11 +6,13 @@ opcodes do: push values, build containers, look up a global
 ``INST``/``OBJ``), set an object's state (``BUILD``) and ask for a
 persistent object (``persistent_load``). Here:
 
-- ``find_class`` is ckptport's: it never imports anything. A name resolves
-  (``names.resolve``) to a checked wrapper (``Allowed``), an inert marker,
-  or a fresh stand-in class that records what the file does with it; a
-  code-running name is refused on sight (or, for ``inspect``/``check``,
-  recorded so the report can name it);
+- ``find_class`` is ckptport's: it imports nothing the file names (only
+  torch's own modules, to see what a torch name reaches: ``reach``). A name
+  resolves (``names.resolve``) to a checked wrapper (``Allowed``), an inert
+  marker, or a fresh stand-in class that records what the file does with
+  it; a name that reaches code (``names.judge``) is refused on sight (or,
+  for ``inspect``/``check``, recorded so the report can name it), and so
+  is a ``getattr`` that reaches code or a call of a resolved function;
 - ``persistent_load`` is ckptport's: it only resolves storage records the
   container located;
 - so every callable the pickle can reach is one of ckptport's wrappers or
@@ -40,12 +42,12 @@ from ..dtypes import DType
 from ..tensors import StorageInfo
 from ..tree import paused_gc
 from . import names
-from .allowed import allowed_names, table
+from .allowed import allowed_names, getattr_record, table
 from .names import Kind, Name
 from .scan import Scan, ScanError, scan, tuple_depth_bound
 from .settle import Settled, settle
 from .torch_values import storage_class
-from .values import Marker, Recorded, Refusal, StorageRef, record_class
+from .values import Allowed, CodeReached, Marker, Recorded, Refusal, StorageRef, record_class
 
 __all__ = ["Unpickled", "PickleRefused", "StorageHook", "unpickle", "allowed_names",
            "REFUSED_PREFIX", "bounded"]
@@ -112,6 +114,14 @@ class _Load:
         self.classes: dict[str, Any] = {}
         self.storages: dict[str, StorageRef] = {}
         self.references: Counter[str] = Counter()  # persistent loads per storage
+        self.getattr = Allowed("builtins.getattr", lambda target=None, name=None, *default:
+                               getattr_record(target, name, default, self.code))
+
+    def code(self, name: str, message: str) -> None:
+        """The file reaches code through an attribute or a call: refused, or recorded."""
+        if not self.lenient:
+            raise CodeReached(f"{REFUSED_PREFIX.removesuffix(':')}: {message}", name)
+        self.dangerous.setdefault(name, self.seen.get(name) or Name(name, name))
 
     def find(self, module: str, name: str) -> Any:
         resolved = names.resolve(module, name, self.protocol)
@@ -120,19 +130,23 @@ class _Load:
             marker = storage_class(name)
             if marker is not None:
                 return marker
+        if resolved.resolved == "builtins.getattr":
+            return self.getattr
         value = self.table.get(resolved.resolved)
         if value is not None:
             return value
-        kind = names.classify(resolved.resolved, "." in name, self.allowed)
-        dangerous = kind is Kind.CODE
+        verdict = names.judge(resolved.resolved, "." in name, self.allowed)
+        dangerous = verdict.kind is Kind.CODE
         if dangerous:
             if resolved.resolved not in names.RECOGNIZED_CALLS and not self.lenient:
-                raise PickleRefused(f"{REFUSED_PREFIX} {resolved}, which can run code; nothing "
-                                    "was run", (resolved,))
+                raise PickleRefused(f"{REFUSED_PREFIX} {resolved}"
+                                    f"{verdict.reaches(resolved.resolved)}, which can run code; "
+                                    "nothing was run", (resolved,))
             self.dangerous.setdefault(resolved.resolved, resolved)
         made = self.classes.get(resolved.resolved)
         if made is None:
-            made = record_class(resolved.resolved, dangerous, self.registry, self.lenient)
+            made = record_class(resolved.resolved, dangerous, self.registry, self.lenient,
+                                runs=verdict.called, on_code=self.code)
             self.classes[resolved.resolved] = made
         return made
 
@@ -257,6 +271,9 @@ def _run(data: bytes, found: Scan, load: _Load) -> Any:
         return bounded(data, found, lambda stream: _Unpickler(stream, load))
     except (PickleRefused, KeyboardInterrupt, SystemExit):
         raise
+    except CodeReached as exc:
+        reached = load.seen.get(exc.name) or Name(exc.name, exc.name)
+        raise PickleRefused(str(exc), (reached,), seen=tuple(load.seen.values())) from None
     except Refusal as exc:
         raise PickleRefused(str(exc), seen=tuple(load.seen.values())) from None
     except BaseException as exc:

@@ -11,7 +11,10 @@ a name is first resolved exactly as that unpickler resolves it:
 - a dotted name (``posixpath`` + ``os.system``) walks attributes, which can
   reach anything, so it is code-running unless the whole path is allowed.
 
-Then the resolved name is classed, never by how it is spelled or capitalised:
+Then the resolved name is classed, never by how it is spelled or capitalised,
+first by its text, then by what it reaches (``reach``): ``torch.os`` is the
+module ``os``, ``torch.save`` is ``torch.serialization.save``, and the object
+is classed by its kind and home, from the same table:
 
 - ``ALLOWED``: ckptport builds it (through a wrapper that checks arguments);
 - ``CODE``: anything that executes, imports, opens files or sockets, spawns
@@ -23,6 +26,17 @@ Then the resolved name is classed, never by how it is spelled or capitalised:
   third-party name the file *calls* cannot be proven harmless: reports name
   it in a tier of its own (``check`` code CKP012), apart from code-running
   names.
+
+By what it reaches (``judge``; ``tests/unpickle/test_reach.py`` walks every
+allowed module's attributes): a module is code-running (it holds everything
+its code can do, and no pickle of a value names one); so is what a resolved
+package's name leads to but cannot be followed without running code; a class
+or function is classed by its home (``torch.os.system`` is ``posix.system``);
+another value by its type's home, any value of a standard-library type but a
+scalar being live state of the process (``sys.modules``). A resolved function,
+unlike a class, runs when the file calls it: that call is code-running too.
+A name of a package ckptport does not import stays unresolved: never
+allowed, judged by its text, its calls CKP012's tier.
 """
 
 from __future__ import annotations
@@ -32,9 +46,11 @@ import enum
 from dataclasses import dataclass
 
 from . import stdlib
+from .reach import RESOLVED_PACKAGES, SCALAR_HOMES, Reach, Reached, reach
 
-__all__ = ["Name", "Kind", "resolve", "classify", "is_code", "known_class",
-           "CODE_MODULES", "CODE_NAMES", "RECOGNIZED_CALLS"]
+__all__ = ["Name", "Kind", "Verdict", "resolve", "classify", "judge", "judge_attribute",
+           "is_code", "known_class", "unresolved_package", "CODE_MODULES", "CODE_NAMES",
+           "RECOGNIZED_CALLS"]
 
 # torch.serialization's load_module_mapping, applied before the compat tables
 _TORCH_RENAMES = {"torch.tensor": "torch._tensor"}
@@ -92,7 +108,17 @@ CODE_MODULES = frozenset({
 })
 CODE_NAMES = frozenset({
     "torch.load", "torch.save", "torch.compile", "torch.from_file", "torch.set_default_device",
-    "torch.storage._load_from_bytes", "numpy.load", "numpy.save", "numpy.savez",
+    "torch.storage._load_from_bytes",
+    # torch's functions outside those modules that import, resolve, open or set anything
+    # named by their arguments (tests/unpickle/test_reach.py finds them by their bytecode)
+    "torch._utils._import_dotted_name", "torch._utils._type", "torch._utils.try_import",
+    "torch._utils._set_obj_state", "torch._utils._augment_memory_snapshot_stack_traces",
+    "torch._utils._augment_frames",
+    "torch.set_default_tensor_type", "torch._register_device_module",
+    "torch._import_device_backends", "torch._load_global_deps", "torch._preload_cuda_lib",
+    "torch.storage._StorageBase.from_file", "torch.storage.TypedStorage.from_file",
+    "torch.storage.UntypedStorage.from_file", "torch.storage._LegacyStorage.from_file",
+    "numpy.load", "numpy.save", "numpy.savez",
     "numpy.savez_compressed", "numpy.savetxt", "numpy.loadtxt", "numpy.genfromtxt",
     "numpy.fromfile", "numpy.fromregex", "numpy.memmap", "numpy.load_library",
 })
@@ -129,13 +155,85 @@ def is_code(resolved: str, allowed: frozenset[str] | set[str] = frozenset()) -> 
     return parts[0] == "numpy"  # numpy beyond the allowed rebuilders
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A name's kind, what it reaches (None: not resolved), and whether calling it runs code.
+
+    ``called`` is true of resolved functions: the file may hold one as a value
+    (an activation), but a call of it runs it.
+    """
+
+    kind: Kind
+    reached: Reached | None = None
+    called: bool = False
+
+    def reaches(self, path: str) -> str:
+        """``" (it reaches the module os)"`` where the object is not what the text says."""
+        if self.reached is None or (self.reached.home == path and self.reached.kind not in (
+                Reach.MODULE, Reach.UNRESOLVED)):
+            return ""
+        return f" (it reaches {self.reached})"
+
+
+_ALLOWED = Verdict(Kind.ALLOWED)
+_CODE = Verdict(Kind.CODE)
+_INERT = Verdict(Kind.INERT)  # judged by its text alone
+
+
+def judge(resolved: str, dotted: bool, allowed: frozenset[str] | set[str]) -> Verdict:
+    """The verdict on a resolved global; ``dotted`` when the name part walks attributes."""
+    if resolved in allowed:
+        return _ALLOWED
+    if dotted or is_code(resolved, allowed):
+        return _CODE
+    module, _, name = resolved.rpartition(".")
+    return _by_reach(reach(module, name), None)
+
+
+def judge_attribute(owner: str, name: str) -> Verdict:
+    """The verdict on ``builtins.getattr(owner, name)``, ``owner`` a global the file names.
+
+    What a resolved class named by its own name defines itself (a nested
+    class, a method, an enum member) shares the class's tier, bar the exact
+    code-running names (``CODE_NAMES``); anything else the attribute reaches
+    is judged by its home.
+    """
+    made = f"{owner}.{name}"
+    if stdlib.is_stdlib(made):  # a closed table: the attribute is code unless data
+        return _CODE if is_code(made) else _INERT
+    module, _, short = owner.rpartition(".")
+    holder = reach(module, short)
+    canonical = holder is not None and holder.kind is Reach.CLASS and holder.home == owner
+    return _by_reach(reach(module, f"{short}.{name}"), owner if canonical else None)
+
+
+def _by_reach(reached: Reached | None, owner: str | None) -> Verdict:
+    """``owner``: the class the attribute was taken from, when it is named where it lives."""
+    if reached is None:
+        return _INERT
+    if reached.kind in (Reach.MODULE, Reach.UNRESOLVED):
+        return Verdict(Kind.CODE, reached)
+    home = reached.home
+    own = owner is not None and (home == owner or home.startswith(owner + "."))
+    code = home in CODE_NAMES if own else is_code(home)
+    if reached.kind is Reach.VALUE:
+        live = home not in SCALAR_HOMES and stdlib.is_stdlib(home)  # sys.modules, a registry
+        return Verdict(Kind.CODE if code or (live and not own) else Kind.INERT, reached)
+    if code:
+        return Verdict(Kind.CODE, reached)
+    return Verdict(Kind.INERT, reached, called=reached.kind is Reach.FUNCTION)
+
+
 def classify(resolved: str, dotted: bool, allowed: frozenset[str] | set[str]) -> Kind:
     """The kind of a resolved global; ``dotted`` when the name part walks attributes."""
-    if resolved in allowed:
-        return Kind.ALLOWED
-    if dotted or is_code(resolved, allowed):
-        return Kind.CODE
-    return Kind.INERT
+    return judge(resolved, dotted, allowed).kind
+
+
+def unresolved_package(resolved: str) -> str | None:
+    """The package of a name judged by its text alone: ckptport never imports it to look."""
+    top = resolved.split(".", 1)[0]
+    return None if top in RESOLVED_PACKAGES or top == "numpy" or stdlib.is_stdlib(resolved) \
+        else top
 
 
 def known_class(resolved: str) -> bool:

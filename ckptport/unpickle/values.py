@@ -22,11 +22,30 @@ from ..tensors import StorageInfo
 from ..tree import ObjectRecord, RecordKind
 
 __all__ = ["Size", "Device", "Marker", "Allowed", "StorageRef", "Unsupported",
-           "DefaultDict", "Namespace", "Refusal", "Recorded", "record_class", "BytesRecord"]
+           "DefaultDict", "Namespace", "Refusal", "CodeReached", "CodeHook", "refuse_code",
+           "Recorded", "record_class", "BytesRecord"]
 
 
 class Refusal(ValueError):
     """A stand-in refuses its arguments; the engine words it with the global's name."""
+
+
+class CodeReached(Refusal):
+    """The file reaches something that runs code through an attribute or a call: ``name``."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+# what a stand-in does when the file reaches code through it: (name, message) -> None;
+# the engine's refuses (a read) or records the name (a report's lenient read)
+CodeHook = Callable[[str, str], None]
+
+
+def refuse_code(name: str, message: str) -> None:
+    """The strict hook: whatever reaches code is refused on sight."""
+    raise CodeReached(message, name)
 
 
 class Size(tuple):  # type: ignore[type-arg]
@@ -146,6 +165,8 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
 
     record_name: ClassVar[str] = ""
     attribute: ClassVar[bool] = False  # taken by builtins.getattr from another stand-in
+    runs: ClassVar[bool] = False  # a resolved function: a call of it runs it
+    on_code: ClassVar[CodeHook] = staticmethod(refuse_code)
     called: bool  # instance fields set in __new__, beyond ObjectRecord's
     order: int
     dangerous: ClassVar[bool] = False
@@ -163,6 +184,9 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # only when the file calls it
         self.called = True
+        if self.runs:
+            type(self).on_code(self.record_name, f"the file calls {self.record_name}, a "
+                               "function: full unpickling would run it; nothing was run")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Recorded:
         """The file calls what a call returned (``methodcaller(...)(obj)``): code, whatever
@@ -189,15 +213,18 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
 
 
 def record_class(name: str, dangerous: bool, registry: list[Recorded],
-                 lenient: bool = False, attribute: bool = False) -> type[Recorded]:
+                 lenient: bool = False, attribute: bool = False, runs: bool = False,
+                 on_code: CodeHook = refuse_code) -> type[Recorded]:
     """A fresh stand-in class for ``name``; its instances land in ``registry``.
 
     ``attribute``: the stand-in is an attribute a pickle took from a class's stand-in
-    (``builtins.getattr``), not a global the file names.
+    (``builtins.getattr``), not a global the file names. ``runs``: ``name`` is a
+    function, and ``on_code`` is told when the file calls it.
     """
     short = name.rpartition(".")[2] or "Recorded"
     attrs = {"record_name": name, "dangerous": dangerous, "registry": registry,
-             "lenient": lenient, "attribute": attribute, "__qualname__": short,
+             "lenient": lenient, "attribute": attribute, "runs": runs,
+             "on_code": staticmethod(on_code), "__qualname__": short,
              "__module__": name.rpartition(".")[0] or "ckptport"}
     made: type[Recorded] = _ReadOnlyType(short, (Recorded,), attrs)  # type: ignore[assignment]
     return made
