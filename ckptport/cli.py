@@ -78,7 +78,8 @@ class _Group(click.Group):
         try:
             spec = ctx.params.get("remote_timeout")
             # one clock over every transfer of the command, handed to each URL it reads
-            ctx.meta[_TRANSFERS] = Transfers(Timeout.parse(spec) if spec else None)
+            ctx.meta[_TRANSFERS] = Transfers(Timeout.parse(spec) if spec else None,
+                                             connections=ctx.params.get("connections"))
             with paused_gc():
                 return super().invoke(ctx)
         except CkptportError as exc:
@@ -185,6 +186,17 @@ class _Location(click.ParamType):
 
 
 LOCATION = _Location()
+
+
+class _Destination(_Location):
+    """A DST: a URL as for a source (it carries the command's transfers), a local path as
+    written (a trailing ``/`` says a folder: a shard set)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        from .remote import is_remote
+
+        return super().convert(value, param, ctx) if is_remote(value) else value
 
 
 def _normalize_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -319,7 +331,11 @@ def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Deadlines of remote reads, in seconds: the command's total (a number), "
                    "or NAME=SECONDS pairs of total, request, connect, read (default "
                    "total=3600,request=300,connect=30,read=60, or CKPTPORT_REMOTE_TIMEOUT).")
-def cli(remote_timeout: str | None) -> None:
+@click.option("--connections", type=click.IntRange(min=1), metavar="N",
+              help="Requests in flight at once for remote reads (ranges of one read, each "
+                   "retried on its own) and s3:// uploads (parts) (default 8, or "
+                   "CKPTPORT_REMOTE_CONNECTIONS).")
+def cli(remote_timeout: str | None, connections: int | None) -> None:
     """Make PyTorch checkpoints portable: read without running code, normalize,
     write .pth or .safetensors that load anywhere, bit-identical.
 
@@ -329,7 +345,7 @@ def cli(remote_timeout: str | None) -> None:
 
 @cli.command()
 @click.argument("src", type=LOCATION)
-@click.argument("dst", type=click.Path())  # a str: a trailing "/" means a folder (a shard set)
+@click.argument("dst", type=_Destination())  # a str: a trailing "/" means a folder (a shard set)
 @click.option("--to", type=_OutputFormatName(), metavar="FORMAT",
               help="Output format: pth, safetensors, dcp or a registered one (default: from "
                    "DST's extension).")

@@ -41,7 +41,8 @@ from typing import Any, TypeVar
 
 from ..errors import DeadlineError, OptionError
 
-__all__ = ["ENV", "Alarm", "Timeout", "Transfers", "armed", "bounded"]
+__all__ = ["ENV", "CONNECTIONS", "CONNECTIONS_ENV", "Alarm", "Timeout", "Transfers", "armed",
+           "bounded", "connections_from_env"]
 
 ENV = "CKPTPORT_REMOTE_TIMEOUT"
 T = TypeVar("T")
@@ -82,15 +83,36 @@ class Timeout:
         return ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self))
 
 
+CONNECTIONS_ENV = "CKPTPORT_REMOTE_CONNECTIONS"
+CONNECTIONS = 8  # requests one command has in flight at once (hf_transfer, s5cmd open many)
+
+
+def connections_from_env() -> int:
+    """``CKPTPORT_REMOTE_CONNECTIONS`` (a whole number >= 1), else ``CONNECTIONS``."""
+    text = os.environ.get(CONNECTIONS_ENV, "").strip()
+    if not text:
+        return CONNECTIONS
+    if not text.isdigit() or int(text) < 1:
+        raise OptionError(f"{CONNECTIONS_ENV}={text!r}: expected a whole number of at least 1")
+    return int(text)
+
+
 class Transfers:
-    """One command's clock over its transfers: when each request and the whole must end.
+    """One command's clock over its transfers: when each request and the whole must end,
+    and how many requests it may have in flight at once (``connections``: each remote
+    object reads a large range as that many ranges in parallel, each retried on its own;
+    an ``s3://`` destination uploads that many parts at once).
 
     The command's total starts at its first request (parsing options and importing
     torch are not transfers)."""
 
     def __init__(self, timeout: Timeout | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 connections: int | None = None) -> None:
         self.timeout = timeout if timeout is not None else Timeout.from_env()
+        self.connections = connections if connections is not None else connections_from_env()
+        if self.connections < 1:
+            raise OptionError(f"--connections {self.connections}: at least 1")
         self.clock = clock
         self._lock = threading.Lock()
         self._ends: float | None = None

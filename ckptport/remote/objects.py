@@ -30,11 +30,12 @@ import os
 import shutil
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..sources import SourceFile
+from . import meter
 from .fetching import ATTEMPTS, Backend, NotFound, Transient, missing_extra, retrying
 from .urls import KEEP_FETCHED
 
@@ -45,6 +46,7 @@ __all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "op
            "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
 
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
+SPLIT_MIN = 1 << 20  # a read is split over the connections in ranges of at least this much
 SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
 
@@ -80,6 +82,9 @@ class RemoteFile(SourceFile):
         self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self.connections = path.transfers.connections
+        self._pool: ThreadPoolExecutor | None = None  # the connections' threads
+        meter.uses(self.connections)
 
     def stream(self) -> RemoteStream:
         """The object as a read-only binary stream (``sha256_files`` hashes it so)."""
@@ -134,7 +139,7 @@ class RemoteFile(SourceFile):
         try:
             for a, b in gaps:
                 piece = memoryview(bytearray(b - a))
-                self.backend.fetch_into(a, piece)
+                self._get(a, piece)
                 spool.keep(a, piece)  # type: ignore[union-attr]
         except (InputError, OSError):
             pass  # the reader fetches this range itself, and reports what goes wrong
@@ -142,17 +147,36 @@ class RemoteFile(SourceFile):
             if spool is not None:
                 spool.release(gaps)
 
+    def _get(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` over up to ``connections`` requests at once: each range is its own
+        request, retried on its own (the backend keeps one connection per thread), and the
+        read returns once every range is in, so bytes reach the reader in order."""
+        step = max(SPLIT_MIN, -(-len(buffer) // self.connections))
+        if self.connections <= 1 or len(buffer) < 2 * SPLIT_MIN:
+            self.backend.fetch_into(offset, buffer)
+            return
+        with self._ahead_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.connections,
+                                                thread_name_prefix="ckptport-range")
+            pool = self._pool
+        futures = [pool.submit(self.backend.fetch_into, offset + a, buffer[a:a + step])
+                   for a in range(0, len(buffer), step)]
+        wait(futures)  # every range written (or failed) before the buffer is handed back
+        for future in futures:
+            future.result()
+
     def _fill(self, offset: int, buffer: memoryview) -> None:
         """Fetch what the spool lacks (and keep it), read the rest from the spool."""
         if self.spool is None:
-            self.backend.fetch_into(offset, buffer)
+            self._get(offset, buffer)
             return
         end = offset + len(buffer)
         gaps = self.spool.claim(offset, end)
         try:
             for start, stop in gaps:
                 piece = buffer[start - offset:stop - offset]
-                self.backend.fetch_into(start, piece)
+                self._get(start, piece)
                 self.spool.keep(start, piece)
         finally:
             self.spool.release(gaps)
@@ -178,9 +202,10 @@ class RemoteFile(SourceFile):
             return self._mapped
 
     def close(self) -> None:
-        if self._ahead_pool is not None:
-            self._ahead_pool.shutdown(wait=True, cancel_futures=True)
-            self._ahead_pool = None
+        for pool in (self._ahead_pool, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead_pool = self._pool = None
         self.backend.close()
         if self.spool is not None:
             self.spool.close()

@@ -43,10 +43,8 @@ from .deadline import bounded
 from .fetching import Transient
 from .urls import RemotePath, RemoteURL
 
-__all__ = ["S3Store", "Staged", "Part", "multipart_etag", "part_size", "CONNECTIONS",
-           "TEMP_SUFFIX"]
+__all__ = ["S3Store", "Staged", "Part", "multipart_etag", "part_size", "TEMP_SUFFIX"]
 
-CONNECTIONS = 8  # parts uploaded, and ranges read back, at once
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 MAX_PARTS = 10_000
 PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
@@ -120,7 +118,7 @@ class S3Store:
     exception aborts every open upload and deletes every staging object.
     """
 
-    def __init__(self, path: RemotePath, connections: int = CONNECTIONS) -> None:
+    def __init__(self, path: RemotePath) -> None:
         from .s3 import client
 
         self.path, self.url = path, path.url
@@ -129,7 +127,7 @@ class S3Store:
             else self.url.key.rsplit("/", 1)[0] + "/" if "/" in self.url.key else ""
         self.transfers = path.transfers  # every call waits within a request's deadline
         self.client = client(self.transfers.timeout)
-        self.connections = max(1, connections)
+        self.connections = self.transfers.connections  # parts in flight at once
         self.uploads: dict[str, str] = {}  # key -> upload id, not yet completed
         self.staging: set[str] = set()  # staging objects not yet deleted
         self.created: list[str] = []  # final keys this run made, removed if it fails

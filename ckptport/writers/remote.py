@@ -84,10 +84,10 @@ def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
     return RemoteDestination(url, local)
 
 
-def _store(destination: RemoteDestination, connections: int | None = None) -> Any:
-    from ..remote.upload import CONNECTIONS, S3Store
+def _store(destination: RemoteDestination) -> Any:
+    from ..remote.upload import S3Store
 
-    return S3Store(destination.url, connections or CONNECTIONS)
+    return S3Store(destination.url)  # parts in flight: the command's ``--connections``
 
 
 def check_remote(sources: tuple[Any, ...], destination: RemoteDestination,
@@ -145,10 +145,10 @@ class _Upload:
 
 
 def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
-                 options: WriteOptions, connections: int | None = None) -> WriteResult:
+                 options: WriteOptions) -> WriteResult:
     """Write ``checkpoint`` to the remote ``destination``; it appears only once verified on
     the server, and a failure or Ctrl-C leaves nothing there (``remote.upload``)."""
-    store = _store(destination, connections)
+    store = _store(destination)
     fmt = destination.local.format
     try:
         with tempfile.TemporaryDirectory(prefix="ckptport-upload-") as spool, store:

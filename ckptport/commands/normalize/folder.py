@@ -178,7 +178,7 @@ def _folder(dst: str | os.PathLike[str]) -> Path | RemotePath:
         return Path(dst)
     from ...remote import location
 
-    url = location(os.fspath(dst))
+    url = location(dst)
     if not isinstance(url, RemotePath) or url.url.scheme != "s3" or \
             not url.url.key.endswith("/") and url.url.key:
         raise OutputError("folder mode writes to a local folder or s3://BUCKET/PREFIX/ (a "
