@@ -11,6 +11,14 @@ local file is timed next to it (what the network adds). Run from the repository 
 
     python -m bench.bench_remote --size-gb 2
 
+With ``--capped MBPS`` (issue 30) the server caps each connection at MBPS
+MB/s, as a real link caps one stream, and ``inspect``, ``manifest`` and
+``normalize`` of the ``.safetensors`` file with the default connections are
+timed against a single-stream download and against ``--connections 1``;
+the target is >= 4x faster than the single-stream download:
+
+    python -m bench.bench_remote --size-gb 1 --capped 20 --runs 1
+
 Data goes under bench/out/ (gitignored) and is deleted at the end.
 """
 
@@ -61,6 +69,8 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=2, help="best of N for timed commands")
     parser.add_argument("--keep", action="store_true", help="keep bench/out/remote")
+    parser.add_argument("--capped", type=float, metavar="MBPS",
+                        help="cap each connection at MBPS MB/s and time parallel reads")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     ckptport = [sys.executable, "-m", "ckptport"]
@@ -72,6 +82,9 @@ def main() -> None:
         if not safetensors.exists():
             subprocess.run([*ckptport, "normalize", str(pth), str(safetensors), "-q",
                             "--no-verify"], check=True, stdout=subprocess.DEVNULL)
+        if args.capped:
+            capped(server, safetensors, args.capped * 1e6, args.runs, ckptport)
+            return
         rows = []
         for path in (safetensors, pth):
             server.objects[f"/{path.name}"] = path
@@ -111,6 +124,38 @@ def main() -> None:
         server.close()
         if not args.keep:
             shutil.rmtree(OUT, ignore_errors=True)
+
+
+def capped(server: ObjectServer, path: Path, rate: float, runs: int,
+           ckptport: list[str]) -> None:
+    """Parallel ranged reads against a per-connection cap: default connections vs one."""
+    server.rate = rate
+    server.objects[f"/{path.name}"] = path
+    url = f"{server.url}/{path.name}"
+    whole = min(download(url, OUT / "download.bin") for _ in range(runs))
+    print(f"{path.name}: {path.stat().st_size / 1e9:.2f} GB, each connection capped at "
+          f"{rate / 1e6:g} MB/s; single-stream download {whole:.1f} s")
+    print(f"{'command':24s} {'connections':>11s} {'seconds':>8s} {'x faster':>9s} "
+          f"{'MB/s':>7s} {'requests':>9s}  target")
+    for name, command in (
+            ("inspect", ["inspect", url, "--format", "json"]),
+            ("manifest", ["manifest", url, "-o", str(OUT / "m.json"), "--overwrite",
+                          "--format", "json", "-q"]),
+            ("normalize .safetensors", ["normalize", url, str(OUT / "o.safetensors"),
+                                        "--overwrite", "--format", "json", "-q"])):
+        for connections in (None, 1):
+            if connections == 1 and name == "inspect":
+                continue
+            flags = [] if connections is None else ["--connections", str(connections)]
+            seconds, report = min((timed([*ckptport, *flags, *command]) for _ in range(runs)),
+                                  key=lambda r: r[0])
+            moved = report.get("transferred", {})
+            faster = whole / seconds
+            target = ("" if connections == 1 or name == "inspect" else
+                      ">= 4x: " + ("ok" if faster >= 4 else "MISSED"))
+            print(f"{name:24s} {moved.get('connections', '?')!s:>11s} {seconds:8.1f} "
+                  f"{faster:9.1f} {moved.get('throughput', 0) / 1e6:7.1f} "
+                  f"{moved.get('requests', 0):9d}  {target}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ __all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "op
 
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
 SPLIT_MIN = 1 << 20  # a read is split over the connections in ranges of at least this much
+AHEAD_PIECE = 2 << 20  # what one prefetching connection fetches at a time
 SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
 
@@ -82,6 +83,7 @@ class RemoteFile(SourceFile):
         self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self._ahead_until = 0  # the prefetch has queued the bytes before this
         self.connections = path.transfers.connections
         self._pool: ThreadPoolExecutor | None = None  # the connections' threads
         meter.uses(self.connections)
@@ -121,17 +123,25 @@ class RemoteFile(SourceFile):
             self._prefetch(offset, len(buffer))
 
     def _prefetch(self, offset: int, n: int) -> None:
-        """Fetch a sequential reader's next range while it works on this one (spool only:
-        the range lands there), so the network overlaps writing and hashing. A thread is
-        taken as reading sequentially once a read starts where its previous one ended."""
+        """Fetch a sequential reader's next bytes while it works on these (spool only: they
+        land there), so the network overlaps writing and hashing: a window of two
+        ``AHEAD_PIECE`` ranges per connection, each fetched by one of ``connections``
+        threads and claimed on its own (the reader waits only for the pieces it reads). A
+        thread is taken as reading sequentially once a read starts where its previous one
+        ended."""
         streaming = getattr(self._ahead, "end", None) == offset
         self._ahead.end = start = offset + n
         if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
             return
+        stop = min(self.size, start + max(n, 2 * self.connections * AHEAD_PIECE))
         with self._ahead_lock:
             if self._ahead_pool is None:
-                self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="ckptport-ahead")
-            self._ahead_pool.submit(self._fetch_ahead, start, min(self.size, start + n))
+                self._ahead_pool = ThreadPoolExecutor(self.connections,
+                                                      thread_name_prefix="ckptport-ahead")
+            first = max(start, self._ahead_until if self._ahead_until <= stop + n else start)
+            for a in range(first, stop, AHEAD_PIECE):
+                self._ahead_pool.submit(self._fetch_ahead, a, min(stop, a + AHEAD_PIECE))
+            self._ahead_until = max(first, stop)
 
     def _fetch_ahead(self, start: int, stop: int) -> None:
         spool = self.spool
@@ -139,7 +149,7 @@ class RemoteFile(SourceFile):
         try:
             for a, b in gaps:
                 piece = memoryview(bytearray(b - a))
-                self._get(a, piece)
+                self.backend.fetch_into(a, piece)
                 spool.keep(a, piece)  # type: ignore[union-attr]
         except (InputError, OSError):
             pass  # the reader fetches this range itself, and reports what goes wrong
