@@ -28,6 +28,7 @@ LAYERS: list[frozenset[str]] = [
     frozenset({"readers"}),
     frozenset({"rules", "writers"}),
     frozenset({"analysis"}),
+    frozenset({"signing"}),  # OMS signatures and weights attestations over manifests
     frozenset({"commands"}),
     frozenset({"render"}),
     frozenset({"cli", "__init__", "__main__"}),
