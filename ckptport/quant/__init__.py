@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InputError
+from ..remote.urls import is_remote
 
 if TYPE_CHECKING:
     import torch
@@ -139,8 +140,11 @@ def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = Non
 
 
 def config_of(path: Path | None) -> Mapping[str, Any] | None:
-    """``quantization_config`` of the ``config.json`` beside (or inside) a local checkpoint."""
-    if path is None:
+    """``quantization_config`` of the ``config.json`` beside (or inside) a local checkpoint.
+
+    A remote source's config is not fetched (a request the transfer report would not
+    count, for a claim the tensors must make anyway): its tensors alone decide."""
+    if path is None or is_remote(path):
         return None
     folder = path if path.is_dir() else path.parent
     config = folder / "config.json"
