@@ -9,7 +9,9 @@ here the way the unpickler finds it, with two differences that keep this
 side effect free:
 
 - only modules of packages ckptport already depends on and trusts to import
-  (``RESOLVED_PACKAGES``: torch) are imported; a name of any other package is
+  (``RESOLVED_PACKAGES``: torch) are imported, and not for the names a
+  pickled model holds (``snapshots``: torch.nn's classes and functions, so
+  ``inspect`` and ``check`` of such a file stay torch-free); a name of any other package is
   never imported (importing runs that package's code) and is *unresolved*:
   never allowed, and reported as such;
 - attributes are read statically (a module's ``vars``,
@@ -37,6 +39,8 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from .snapshots import TORCH_NN_CLASSES, TORCH_NN_FUNCTIONS
 
 __all__ = ["RESOLVED_PACKAGES", "SCALAR_HOMES", "Reach", "Reached", "reach", "describe"]
 
@@ -167,6 +171,10 @@ def reach(module: str, attributes: str) -> Reached | None:
     if module.split(".", 1)[0] not in RESOLVED_PACKAGES:
         return None
     path = f"{module}.{attributes}"
+    if path in TORCH_NN_CLASSES:  # a pickled model's names, known without importing torch
+        return Reached(Reach.CLASS, path)
+    if path in TORCH_NN_FUNCTIONS:
+        return Reached(Reach.FUNCTION, path)
     value: Any = _import(module)
     if value is None:
         return Reached(Reach.UNRESOLVED, path, f"the module {module} cannot be imported here")

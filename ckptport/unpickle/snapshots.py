@@ -1,14 +1,16 @@
 """Snapshots of torch facts the torch-free readers need, taken from torch 2.13.0+cpu.
 
 ``import torch`` costs seconds; ``inspect`` and ``check`` must not pay it to
-know which globals plain ``torch.load(weights_only=True)`` accepts, or which
-names a pickled tensor's state may not set. ``tests/test_unpickle.py``
-checks both against the installed torch.
+know which globals plain ``torch.load(weights_only=True)`` accepts, which
+names a pickled tensor's state may not set (``tests/test_inspect.py`` checks
+both against the installed torch), or what the names of a pickled model
+reach (``tests/unpickle/test_reach.py``).
 """
 
 from __future__ import annotations
 
-__all__ = ["TORCH_DEFAULT_NAMES", "TENSOR_ATTRIBUTES"]
+__all__ = ["TORCH_DEFAULT_NAMES", "TENSOR_ATTRIBUTES", "TORCH_NN_CLASSES",
+           "TORCH_NN_FUNCTIONS"]
 
 # torch._weights_only_unpickler._get_allowed_globals(): what a consumer's plain
 # torch.load(weights_only=True) builds with no allow-list of its own
@@ -180,3 +182,236 @@ TENSOR_ATTRIBUTES = frozenset({
     'var', 'vdot', 'view', 'view_as', 'volatile', 'vsplit', 'where', 'xlogy', 'xlogy_',
     'xpu', 'zero_',
 })
+
+
+# torch.nn's classes and functions, each defined where its name says (module -> names), and
+# neither allowed nor code-running by name: what ``reach`` knows of the names a pickled model
+# holds (``torch.nn.modules.linear.Linear``, ``torch.nn.functional.relu`` as a value) without
+# importing torch
+_NN_CLASSES = {
+    "torch.nn.attention._fa3": "_FA3Handle",
+    "torch.nn.attention._fa4": "_FA4Handle",
+    "torch.nn.attention._registry": "FlashAttentionHandle",
+    "torch.nn.modules._functions": "BackwardHookFunction CrossMapLRN2d SyncBatchNorm",
+    "torch.nn.modules.activation": (
+        "CELU ELU GELU GLU Hardshrink Hardsigmoid Hardswish Hardtanh LeakyReLU LogSigmoid "
+        "LogSoftmax Mish MultiheadAttention PReLU RReLU ReLU ReLU6 SELU SiLU Sigmoid Softmax "
+        "Softmax2d Softmin Softplus Softshrink Softsign Tanh Tanhshrink Threshold"
+    ),
+    "torch.nn.modules.adaptive": "AdaptiveLogSoftmaxWithLoss _ASMoutput",
+    "torch.nn.modules.batchnorm": (
+        "BatchNorm1d BatchNorm2d BatchNorm3d LazyBatchNorm1d LazyBatchNorm2d LazyBatchNorm3d "
+        "SyncBatchNorm _BatchNorm _LazyNormBase _NormBase"
+    ),
+    "torch.nn.modules.channelshuffle": "ChannelShuffle",
+    "torch.nn.modules.container": (
+        "Container ModuleDict ModuleList ParameterDict ParameterList Sequential"
+    ),
+    "torch.nn.modules.conv": (
+        "Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d LazyConv1d "
+        "LazyConv2d LazyConv3d LazyConvTranspose1d LazyConvTranspose2d LazyConvTranspose3d "
+        "_ConvNd _ConvTransposeMixin _ConvTransposeNd _LazyConvXdMixin"
+    ),
+    "torch.nn.modules.distance": "CosineSimilarity PairwiseDistance",
+    "torch.nn.modules.dropout": (
+        "AlphaDropout Dropout Dropout1d Dropout2d Dropout3d FeatureAlphaDropout _DropoutNd"
+    ),
+    "torch.nn.modules.flatten": "Flatten Unflatten",
+    "torch.nn.modules.fold": "Fold Unfold",
+    "torch.nn.modules.instancenorm": (
+        "InstanceNorm1d InstanceNorm2d InstanceNorm3d LazyInstanceNorm1d LazyInstanceNorm2d "
+        "LazyInstanceNorm3d _InstanceNorm"
+    ),
+    "torch.nn.modules.lazy": "LazyModuleMixin _LazyProtocol",
+    "torch.nn.modules.linear": (
+        "Bilinear Identity LazyLinear Linear NonDynamicallyQuantizableLinear"
+    ),
+    "torch.nn.modules.linear_cross_entropy_options": "LinearCrossEntropyOptions _AutoDefault",
+    "torch.nn.modules.loss": (
+        "BCELoss BCEWithLogitsLoss CTCLoss CosineEmbeddingLoss CrossEntropyLoss "
+        "GaussianNLLLoss HingeEmbeddingLoss HuberLoss KLDivLoss L1Loss LinearCrossEntropyLoss "
+        "MSELoss MarginRankingLoss MultiLabelMarginLoss MultiLabelSoftMarginLoss "
+        "MultiMarginLoss NLLLoss NLLLoss2d PoissonNLLLoss SmoothL1Loss SoftMarginLoss "
+        "TripletMarginLoss TripletMarginWithDistanceLoss _Loss _WeightedLoss"
+    ),
+    "torch.nn.modules.module": "Module _IncompatibleKeys _WrappedHook",
+    "torch.nn.modules.normalization": "CrossMapLRN2d GroupNorm LayerNorm LocalResponseNorm RMSNorm",
+    "torch.nn.modules.padding": (
+        "CircularPad1d CircularPad2d CircularPad3d ConstantPad1d ConstantPad2d ConstantPad3d "
+        "ReflectionPad1d ReflectionPad2d ReflectionPad3d ReplicationPad1d ReplicationPad2d "
+        "ReplicationPad3d ZeroPad1d ZeroPad2d ZeroPad3d _CircularPadNd _ConstantPadNd "
+        "_ReflectionPadNd _ReplicationPadNd"
+    ),
+    "torch.nn.modules.pixelshuffle": "PixelShuffle PixelUnshuffle",
+    "torch.nn.modules.pooling": (
+        "AdaptiveAvgPool1d AdaptiveAvgPool2d AdaptiveAvgPool3d AdaptiveMaxPool1d "
+        "AdaptiveMaxPool2d AdaptiveMaxPool3d AvgPool1d AvgPool2d AvgPool3d "
+        "FractionalMaxPool2d FractionalMaxPool3d LPPool1d LPPool2d LPPool3d MaxPool1d "
+        "MaxPool2d MaxPool3d MaxUnpool1d MaxUnpool2d MaxUnpool3d _AdaptiveAvgPoolNd "
+        "_AdaptiveMaxPoolNd _AvgPoolNd _LPPoolNd _MaxPoolNd _MaxUnpoolNd"
+    ),
+    "torch.nn.modules.rnn": "GRU GRUCell LSTM LSTMCell RNN RNNBase RNNCell RNNCellBase",
+    "torch.nn.modules.sparse": "Embedding EmbeddingBag",
+    "torch.nn.modules.transformer": (
+        "Transformer TransformerDecoder TransformerDecoderLayer TransformerEncoder "
+        "TransformerEncoderLayer"
+    ),
+    "torch.nn.modules.upsampling": "Upsample UpsamplingBilinear2d UpsamplingNearest2d",
+    "torch.nn.parallel": "DistributedDataParallelCPU",
+    "torch.nn.parallel._functions": "Broadcast Gather ReduceAddCoalesced Scatter",
+    "torch.nn.parallel.data_parallel": "DataParallel",
+    "torch.nn.parallel.distributed": (
+        "DistributedDataParallel _BucketCapacityConfig _BufferCommHook "
+        "_BufferCommHookLocation _DDPJoinHook _DDPSink _MixedPrecision"
+    ),
+    "torch.nn.parameter": (
+        "Buffer UninitializedBuffer UninitializedParameter UninitializedTensorMixin "
+        "_BufferMeta _ParameterMeta"
+    ),
+    "torch.nn.utils._named_member_accessor": "NamedMemberAccessor",
+    "torch.nn.utils.parametrizations": "_OrthMaps _Orthogonal _SpectralNorm _WeightNorm",
+    "torch.nn.utils.parametrize": "ParametrizationList",
+    "torch.nn.utils.rnn": "PackedSequence PackedSequence_",
+    "torch.nn.utils.spectral_norm": (
+        "SpectralNorm SpectralNormLoadStateDictPreHook SpectralNormStateDictHook"
+    ),
+    "torch.nn.utils.weight_norm": "WeightNorm",
+}
+_NN_FUNCTIONS = {
+    "torch.nn._reduction": "get_enum legacy_get_enum legacy_get_string",
+    "torch.nn.attention": (
+        "_backend_from_string _cur_sdpa_kernel_backends _get_flash_version "
+        "_raise_kernel_warnings _sdpa_kernel _sdpa_kernel_variadic "
+        "activate_flash_attention_impl current_flash_attention_impl "
+        "list_flash_attention_impls register_flash_attention_impl "
+        "restore_flash_attention_impl sdpa_kernel"
+    ),
+    "torch.nn.attention._fa3": (
+        "_fa3_backward_support_error _fa3_common_support_error "
+        "_fa3_flash_attention_backward_impl _fa3_flash_attention_forward_impl "
+        "_fa3_flash_attention_forward_impl_default "
+        "_fa3_flash_attention_forward_no_dropout_inplace_impl _fa3_forward_support_error "
+        "_fa3_import_module _fa3_register_kernels _fa3_run_backward _fa3_run_forward "
+        "_fa3_scaled_dot_product_flash_attention_backward_impl "
+        "_fa3_scaled_dot_product_flash_attention_forward_impl "
+        "_fa3_scaled_dot_product_flash_attention_forward_impl_default _maybe_contiguous "
+        "_transpose_dense register_flash_attention_fa3"
+    ),
+    "torch.nn.attention._fa4": (
+        "_aten_to_fa4_window_size _fa4_backward_support_error _fa4_common_support_error "
+        "_fa4_flash_attention_backward_impl _fa4_flash_attention_forward_impl "
+        "_fa4_flash_attention_forward_no_dropout_inplace_impl _fa4_forward_support_error "
+        "_fa4_register_kernels _fa4_run_backward _fa4_run_forward "
+        "_fa4_scaled_dot_product_flash_attention_backward_impl "
+        "_fa4_scaled_dot_product_flash_attention_forward_impl _transpose_dense "
+        "register_flash_attention_fa4"
+    ),
+    "torch.nn.functional": (
+        "_adaptive_max_pool1d _adaptive_max_pool2d _adaptive_max_pool3d _canonical_mask "
+        "_check_key_padding_mask _check_unpool_output_size _enum_list_as_int_list "
+        "_expand_single_value _fractional_max_pool2d _fractional_max_pool3d _get_softmax_dim "
+        "_in_projection _in_projection_packed _is_integer _list_or_empty _max_pool1d "
+        "_max_pool2d _max_pool3d _mha_shape_check _no_grad_embedding_renorm_ _none_or_dtype "
+        "_threshold _unpool_output_size _verify_batch_size _verify_spatial_size "
+        "adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d_with_indices "
+        "adaptive_max_pool2d_with_indices adaptive_max_pool3d_with_indices affine_grid "
+        "alpha_dropout assert_int_or_pair batch_norm binary_cross_entropy "
+        "binary_cross_entropy_with_logits celu cosine_embedding_loss cross_entropy ctc_loss "
+        "dropout dropout1d dropout2d dropout3d elu embedding embedding_bag "
+        "feature_alpha_dropout fold fractional_max_pool2d_with_indices "
+        "fractional_max_pool3d_with_indices gaussian_nll_loss glu grid_sample group_norm "
+        "grouped_mm gumbel_softmax hardsigmoid hardswish hardtanh hinge_embedding_loss "
+        "huber_loss instance_norm interpolate kl_div l1_loss layer_norm leaky_relu "
+        "linear_cross_entropy local_response_norm log_softmax lp_pool1d lp_pool2d lp_pool3d "
+        "margin_ranking_loss max_pool1d_with_indices max_pool2d_with_indices "
+        "max_pool3d_with_indices max_unpool1d max_unpool2d max_unpool3d mish mse_loss "
+        "multi_head_attention_forward multi_margin_loss multilabel_margin_loss "
+        "multilabel_soft_margin_loss nll_loss normalize pad poisson_nll_loss relu relu6 "
+        "rms_norm rrelu scaled_grouped_mm scaled_mm selu sigmoid silu smooth_l1_loss "
+        "soft_margin_loss softmax softmin softsign tanh tanhshrink triplet_margin_loss "
+        "triplet_margin_with_distance_loss unfold upsample upsample_bilinear upsample_nearest"
+    ),
+    "torch.nn.grad": (
+        "conv1d_input conv1d_weight conv2d_input conv2d_weight conv3d_input conv3d_weight"
+    ),
+    "torch.nn.init": (
+        "_calculate_correct_fan _calculate_fan_in_and_fan_out _make_deprecate _no_grad_fill_ "
+        "_no_grad_normal_ _no_grad_trunc_normal_ _no_grad_uniform_ _no_grad_zero_ "
+        "calculate_gain constant_ dirac_ eye_ kaiming_normal_ kaiming_uniform_ normal_ ones_ "
+        "orthogonal_ sparse_ trunc_normal_ uniform_ xavier_normal_ xavier_uniform_ zeros_"
+    ),
+    "torch.nn.modules.activation": "_arg_requires_grad _check_arg_device _is_make_fx_tracing",
+    "torch.nn.modules.container": "_addindent",
+    "torch.nn.modules.module": (
+        "_addindent _forward_unimplemented _has_any_global_hook register_module_backward_hook "
+        "register_module_buffer_registration_hook register_module_forward_hook "
+        "register_module_forward_pre_hook register_module_full_backward_hook "
+        "register_module_full_backward_pre_hook register_module_module_registration_hook "
+        "register_module_parameter_registration_hook"
+    ),
+    "torch.nn.modules.rnn": "_apply_permutation apply_permutation",
+    "torch.nn.modules.transformer": (
+        "_detect_is_causal_mask _generate_square_subsequent_mask _get_activation_fn "
+        "_get_clones _get_seq_len"
+    ),
+    "torch.nn.modules.utils": (
+        "_list_with_default _ntuple _reverse_repeat_tuple "
+        "consume_prefix_in_state_dict_if_present"
+    ),
+    "torch.nn.parallel._functions": "_get_stream",
+    "torch.nn.parallel.comm": (
+        "broadcast broadcast_coalesced gather reduce_add reduce_add_coalesced scatter"
+    ),
+    "torch.nn.parallel.data_parallel": "_check_balance data_parallel",
+    "torch.nn.parallel.distributed": (
+        "_cast_buffers _dump_DDP_relevant_env_vars _find_tensors "
+        "_setup_mixed_precision_params _tree_flatten_with_rref _tree_unflatten_with_rref"
+    ),
+    "torch.nn.parallel.parallel_apply": "get_a_var parallel_apply",
+    "torch.nn.parallel.replicate": (
+        "_broadcast_coalesced_reshape _init_script_module _is_jit_enabled _is_script_method "
+        "_is_script_module _replicatable_module replicate"
+    ),
+    "torch.nn.parallel.scatter_gather": (
+        "_is_namedtuple gather is_namedtuple scatter scatter_kwargs"
+    ),
+    "torch.nn.parameter": "is_lazy",
+    "torch.nn.utils._named_member_accessor": "set_tensor swap_submodule swap_tensor",
+    "torch.nn.utils.clip_grad": (
+        "_clip_grads_with_norm_ _get_total_norm _no_grad clip_grad_norm clip_grad_norm_ "
+        "clip_grad_value_"
+    ),
+    "torch.nn.utils.convert_parameters": (
+        "_check_param_device parameters_to_vector vector_to_parameters"
+    ),
+    "torch.nn.utils.fusion": (
+        "fuse_conv_bn_eval fuse_conv_bn_weights fuse_linear_bn_eval fuse_linear_bn_weights"
+    ),
+    "torch.nn.utils.init": "skip_init",
+    "torch.nn.utils.memory_format": (
+        "convert_conv2d_weight_memory_format convert_conv3d_weight_memory_format"
+    ),
+    "torch.nn.utils.parametrizations": (
+        "_is_orthogonal _make_orthogonal orthogonal spectral_norm weight_norm"
+    ),
+    "torch.nn.utils.parametrize": (
+        "_inject_new_class _inject_property _maybe_set _register_parameter_or_buffer cached "
+        "is_parametrized register_parametrization remove_parametrizations "
+        "transfer_parametrizations_and_params type_before_parametrizations"
+    ),
+    "torch.nn.utils.rnn": (
+        "_packed_sequence_init _packed_sequence_init_args bind invert_permutation "
+        "pack_padded_sequence pack_sequence pad_packed_sequence pad_sequence unpack_sequence "
+        "unpad_sequence"
+    ),
+    "torch.nn.utils.spectral_norm": "remove_spectral_norm spectral_norm",
+    "torch.nn.utils.stateless": (
+        "_functional_call _reparametrize_module _untie_named_tensors_map functional_call"
+    ),
+    "torch.nn.utils.weight_norm": "remove_weight_norm weight_norm",
+}
+
+TORCH_NN_CLASSES = frozenset(f"{module}.{name}" for module, names in _NN_CLASSES.items()
+                             for name in names.split())
+TORCH_NN_FUNCTIONS = frozenset(f"{module}.{name}" for module, names in _NN_FUNCTIONS.items()
+                               for name in names.split())

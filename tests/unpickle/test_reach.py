@@ -31,7 +31,8 @@ from ckptport.errors import UnsafeCheckpointError
 from ckptport.unpickle import names, stdlib
 from ckptport.unpickle.allowed import allowed_names
 from ckptport.unpickle.names import Kind
-from ckptport.unpickle.reach import RESOLVED_PACKAGES, SCALAR_HOMES, describe
+from ckptport.unpickle.reach import RESOLVED_PACKAGES, SCALAR_HOMES, Reach, describe
+from ckptport.unpickle.snapshots import TORCH_NN_CLASSES, TORCH_NN_FUNCTIONS
 from fixtures.hostile import PROTO2, STOP, call, global_, in_dict, text, write_zip
 from fixtures.reached import build_reached
 
@@ -174,6 +175,43 @@ def test_a_packages_own_members_keep_its_tier():
                              ("torch.distributed._shard.sharded_tensor.api.ShardedTensor",
                               "ProcessGroupState")):
         assert names.judge_attribute(owner, attribute).kind is Kind.INERT
+
+
+def _nn_defined() -> tuple[set[str], set[str]]:
+    """torch.nn's classes and functions defined where their names say, not allowed, not code."""
+    classes, functions = set(), set()
+    for module, loaded in list(sys.modules.items()):
+        if loaded is None or not module.startswith("torch.nn."):
+            continue
+        for attribute, value in vars(loaded).items():
+            path = f"{module}.{attribute}"
+            reached = describe(value, path)
+            if path in ALLOWED or names.is_code(path) or reached.home != path:
+                continue
+            if reached.kind is Reach.CLASS:
+                classes.add(path)
+            elif reached.kind is Reach.FUNCTION:
+                functions.add(path)
+    return classes, functions
+
+
+def test_the_torch_nn_snapshot_matches_the_installed_torch():
+    """What reach knows without importing torch is what importing it would show."""
+    classes, functions = _nn_defined()
+    assert set(TORCH_NN_CLASSES) == classes, (set(TORCH_NN_CLASSES) ^ classes)
+    assert set(TORCH_NN_FUNCTIONS) == functions, (set(TORCH_NN_FUNCTIONS) ^ functions)
+
+
+def test_inspect_and_check_of_a_pickled_model_import_no_torch(tmp_path):
+    path = tmp_path / "model.pt"
+    torch.save(_Blocks(), path)
+    probe = ("import sys\nfrom ckptport.cli import main\nsys.argv = ['ckptport', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    for command in ("inspect", "check"):
+        done = subprocess.run([sys.executable, "-c", probe, command, str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert "torch was imported" not in done.stderr and done.stdout, done.stderr
 
 
 # -- the hostile files ---------------------------------------------------------------------
