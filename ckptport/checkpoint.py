@@ -78,7 +78,9 @@ class SourceFacts:
     ``refused_globals`` are the code-running ones (kept, never run, when
     read for a report); ``unproven`` the unknown names the file calls with
     no proof that they are classes; ``files`` every file the checkpoint's
-    bytes come from, in the order they are hashed.
+    bytes come from, in the order they are hashed; ``origins`` the member file
+    each global was first met in, where the checkpoint is several files (a
+    finding names the rank file that carries it, not the folder).
     """
 
     path: Path
@@ -96,6 +98,7 @@ class SourceFacts:
     notes: tuple[str, ...] = ()
     materialized: int = 0  # bytes the pickled tensors hold once made real, views apart
     largest: tuple[tuple[str, int], ...] = ()  # the biggest of them: (path, bytes)
+    origins: Mapping[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.files:  # a single-file source is its own content

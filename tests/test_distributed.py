@@ -226,18 +226,20 @@ def _refused(run: Any, src: Path, dst: Path, *words: str) -> str:
     return line
 
 
-def _checked(run: Any, src: Path, *words: str) -> None:
+def _checked(run: Any, src: Path, *words: str) -> str:
     result = run("check", src)
     assert result.exit_code == 1 and "CKP013" in result.stdout, result.stdout
     for word in words:
         assert word in result.stdout, result.stdout
+    return result.stdout
 
 
 def test_missing_zero_rank(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws2" / "s2_bf16", tmp_path / "ds")
     (folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     _refused(run, folder, tmp_path / "out.safetensors", "global_step2", "rank 1 of 2")
-    _checked(run, folder, "rank 1 of 2 is missing")
+    shown = _checked(run, folder, "rank 1 of 2 is missing")
+    assert "CKP002" not in shown  # the cause, not what the other rank files name
 
 
 def test_missing_zero3_model_states_rank(dist, run, tmp_path):
@@ -387,7 +389,7 @@ def test_truncated_rank_file(dist, run, tmp_path):
     path.write_bytes(path.read_bytes()[:-600])
     _refused(run, folder, tmp_path / "out.safetensors", path.name)
     result = run("check", folder)
-    assert result.exit_code == 2 and "CKP008" in result.stdout
+    assert result.exit_code == 2 and f"{path}: CKP008" in result.stdout  # the member file
 
 
 @pytest.mark.parametrize("kind", ["ds", "fsdp"])
@@ -404,9 +406,42 @@ def test_hostile_rank_file(dist, run, tmp_path, sentinel, kind):
     assert "os.system" in line
     assert "DANGEROUS" in run("inspect", folder).stdout
     checked = run("check", folder)
-    assert checked.exit_code == 1 and "CKP003" in checked.stdout and "os.system" in \
-        checked.stdout
+    assert checked.exit_code == 1 and f"{victim}: CKP003" in checked.stdout  # the member
+    assert "os.system" in checked.stdout
     assert not sentinel.exists()
+
+
+def _latest_absolute(folder: Path) -> None:
+    (folder / "latest").write_text(str(folder / "global_step2"))
+
+
+def _latest_outside(folder: Path) -> None:
+    outside = folder.parent / "elsewhere"
+    outside.write_text("global_step2")
+    (folder / "latest").unlink()
+    (folder / "latest").symlink_to(outside)
+
+
+@pytest.mark.parametrize(("spoil", "cause"), [
+    (_latest_absolute, "not a tag folder inside the checkpoint folder"),
+    (_latest_outside, "a link out of the checkpoint folder"),
+    (lambda f: (f / "latest").write_text("global_step2\nglobal_step1"), "not a tag folder"),
+    (lambda f: (f / "latest").write_bytes(b"g" * 5000), "too large"),
+    (lambda f: (f / "latest").write_bytes(b"global_step\xff"), "cannot read the tag"),
+])
+def test_a_bad_latest_is_refused_alike_by_every_command(dist, run, tmp_path, spoil, cause):
+    """``check`` reads the save folder's ``latest`` as ``normalize`` does: the same refusal,
+    naming ``latest``, and the gate fails."""
+    folder = _copy(dist / "ds" / "ws2" / "s2_fp32", tmp_path / "save")
+    spoil(folder)
+    line = _refused(run, folder, tmp_path / "out.safetensors", cause)
+    assert line.startswith(f"ckptport: error: {folder / 'latest'}:"), line
+    shown = run("inspect", folder)
+    assert shown.exit_code == 2 and cause in shown.stderr
+    root = folder.parent
+    checked = run("check", root)  # the folder walk reads it as normalize does
+    assert checked.exit_code == 2, checked.stdout
+    assert f"{folder / 'latest'}: CKP008" in checked.stdout and cause in checked.stdout
 
 
 def test_half_precision_copy_by_select_module(dist, run, tmp_path):

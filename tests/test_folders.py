@@ -112,3 +112,37 @@ def test_one_list_of_files_per_layout(fx, tmp_path):
     ckptport.normalize_file(folder, out)
     with safe_open(out, "pt") as written:  # provenance: the hash of the layout's files
         assert written.metadata()["ckptport.source_sha256"] == sha256_files(expected)
+
+
+def test_a_folder_holding_no_checkpoint_fails_the_gate(tmp_path, run):
+    """A CI export that wrote only its config and README fails ``check`` (exit 2, its own
+    finding), as an empty folder does."""
+    export = tmp_path / "export"
+    export.mkdir()
+    checked = run("check", export)
+    assert checked.exit_code == 2 and "holds no checkpoint: it is empty" in checked.stdout
+    (export / "config.json").write_text("{}")
+    (export / "README.md").write_text("# model")
+    checked = run("check", export, "--format", "json")
+    assert checked.exit_code == 2
+    report = json.loads(checked.stdout)
+    [finding] = report["files"][0]["findings"]
+    assert finding["code"] == "CKP008" and "none of its 2 files is one" in finding["message"]
+
+
+def test_a_model_folders_companions_are_not_unchecked_noise(tmp_path, run):
+    """configs, tokenizers and cards beside the weights are the layout's own: not listed as
+    files no loader opens; a pickle under a config's name is still checked."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file(WEIGHTS, folder / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "README.md", "merges.txt"):
+        (folder / name).write_text("{}")
+    checked = run("check", folder.parent, "--format", "json")
+    assert checked.exit_code == 0, checked.stdout
+    report = json.loads(checked.stdout)
+    assert [f["path"] for f in report["files"]] == [str(folder / "model.safetensors")]
+    assert report["skipped"] == []
+    torch.save({"w": torch.ones(1)}, folder / "generation_config.json")
+    report = json.loads(run("check", folder.parent, "--format", "json").stdout)
+    assert str(folder / "generation_config.json") in [f["path"] for f in report["files"]]

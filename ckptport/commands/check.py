@@ -106,7 +106,8 @@ class FileUnderCheck:
         return not self.dangerous and self.over_budget is None
 
 
-Hit = tuple[str | None, str]  # (key or None, message)
+# (key or None, message), or with the member file of a layout it concerns (a rank file)
+Hit = tuple[str | None, str] | tuple[str | None, str, Path]
 
 
 def _always(settings: CheckSettings) -> bool:
@@ -162,33 +163,40 @@ def _where(report: InspectReport) -> dict[str, str]:
     return {o.global_name: o.key for o in report.blocking_objects}
 
 
+def _global_hit(file: FileUnderCheck, name: str, message: str) -> Hit:
+    """A finding on a global: at its key, in the member file it was met in (a layout's)."""
+    key = _where(file.report).get(name)
+    member = file.checkpoint.source.origins.get(name)
+    return (key, message) if member is None else (key, message, member)
+
+
 def _beyond_weights_only(file: FileUnderCheck) -> Iterable[Hit]:
-    report, where = file.report, _where(file.report)
+    report = file.report
     for name in report.globals_beyond_weights_only:
         if name not in report.unproven_callables:
             spelled = _spelled(name, report.spellings.get(name)) or name
-            yield where.get(name), (f"needs {spelled}, which torch.load(weights_only=True) "
-                                    f"refuses; {_fate(name)}")
+            yield _global_hit(file, name, f"needs {spelled}, which torch.load("
+                              f"weights_only=True) refuses; {_fate(name)}")
 
 
 def _dangerous(file: FileUnderCheck) -> Iterable[Hit]:
-    report, where = file.report, _where(file.report)
+    report = file.report
     for name in report.dangerous_globals:
-        yield where.get(name), _dangerous_message(name, _spelled(name,
-                                                                 report.spellings.get(name)))
+        yield _global_hit(file, name, _dangerous_message(
+            name, _spelled(name, report.spellings.get(name))))
 
 
 def _third_party_calls(file: FileUnderCheck) -> Iterable[Hit]:
-    report, where = file.report, _where(file.report)
+    report = file.report
     for name in report.unproven_callables:
         spelled = _spelled(name, report.spellings.get(name)) or name
         package = unresolved_package(name)
         unseen = f"; ckptport never imports {package} to see what the name reaches" \
             if package else ""
-        yield where.get(name), (f"calls {spelled}(…), which full unpickling would run; it "
-                                f"cannot be proven harmless{unseen} (nothing was run; normalize "
-                                "keeps the call as data, or refuses it when it is handed "
-                                "tensors)")
+        yield _global_hit(file, name, (
+            f"calls {spelled}(…), which full unpickling would run; it cannot be proven "
+            f"harmless{unseen} (nothing was run; normalize keeps the call as data, or refuses "
+            "it when it is handed tensors)"))
 
 
 def _expansion(file: FileUnderCheck) -> Iterable[Hit]:
@@ -483,29 +491,50 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Sk
             raise InputError(f"cannot search the folder: {exc.strerror or exc}", path) from None
         found += [item.path for item in items.checkpoints]
         skipped += [Skipped(p, why) for p, why in items.others]
-        if not items.checkpoints and not items.others:
-            found.append(path)  # an empty folder is reported as unreadable
+        if not items.checkpoints:  # empty, or only configs and READMEs: fails the gate
+            found.append(_NoCheckpoint(path, len(items.others)))
     return found, skipped
 
 
-def _check_file(path: Path, codes: tuple[str, ...], settings: CheckSettings) -> FileResult:
+@dataclass(frozen=True)
+class _NoCheckpoint:
+    """A folder searched in which nothing is a checkpoint (an export that wrote no weights)."""
+
+    path: Path
+    files: int
+
+
+def _check_file(path: Path | _NoCheckpoint, codes: tuple[str, ...], settings: CheckSettings
+                ) -> FileResult:
+    if isinstance(path, _NoCheckpoint):
+        held = f"none of its {path.files} files is one" if path.files else "it is empty"
+        return _unreadable(path.path, InputError(
+            f"holds no checkpoint: {held} (an export that wrote no weights?)", path.path), codes)
     try:
         checkpoint = open_checkpoint(path, lenient=True,  # for a report: nothing refused
                                      tag=tag_for(path, settings.tag))
         file = FileUnderCheck(checkpoint, survey(checkpoint), settings)
-        findings = [Finding(code, CODES[code].severity, path, key, message)
-                    for code in codes for key, message in CODES[code].run(file)]
+        findings = [_finding(code, hit, path) for code in codes for hit in CODES[code].run(file)]
     except CkptportError as exc:
         return _unreadable(path, exc, codes)
     return FileResult(path, tuple(findings))
+
+
+def _finding(code: str, hit: Hit, path: Path) -> Finding:
+    """A code's hit as a finding: on the member file it names, else on the checked path."""
+    return Finding(code, CODES[code].severity, hit[2] if len(hit) == 3 else path, hit[0],
+                   hit[1])
 
 
 def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileResult:
     """A file that cannot be read; the code-running globals met first are still named."""
     message = " ".join(exc.message.split())
     code = "CKP011" if isinstance(exc, CodeArchiveError) else "CKP008"
-    findings = [Finding(code, CODES[code].severity, path, None, message)]
-    findings += [Finding("CKP003", Severity.ERROR, path, None, _dangerous_message(
+    member = path  # a layout's member file that is the cause (a rank file, its latest)
+    if isinstance(path, Path) and exc.path is not None and path.is_dir():
+        member = Path(exc.path)
+    findings = [Finding(code, CODES[code].severity, member, None, message)]
+    findings += [Finding("CKP003", Severity.ERROR, member, None, _dangerous_message(
                      name, _spelled(name, exc.spellings.get(name)))) for name in exc.dangerous]
     kept = tuple(f for f in findings if f.code in codes)
     return FileResult(path, kept, unreadable=not exc.dangerous and code == "CKP008")

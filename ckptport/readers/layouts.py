@@ -35,8 +35,11 @@ def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[
     refused: dict[str, None] = {}
     unproven: dict[str, None] = {}
     spellings: dict[str, str] = {}
+    origins: dict[str, Path] = {}
     for part in parts:
         facts = part.source
+        for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
+            origins.setdefault(name, facts.origins.get(name, facts.path))
         for location, count in facts.storage_locations.items():
             locations[location] = locations.get(location, 0) + count
         names.update(dict.fromkeys(facts.globals))
@@ -50,7 +53,7 @@ def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[
                        storage_locations=dict(sorted(locations.items())),
                        globals=tuple(names), metadata=metadata, refused_globals=tuple(refused),
                        files=files, spellings=spellings, unproven=tuple(unproven),
-                       notes=notes)
+                       notes=notes, origins=origins)
 
 
 def missing_ranks(ranks: Collection[int], world: int) -> tuple[int, int] | None:

@@ -73,6 +73,7 @@ class ShardsReader:
         notes: list[str] = []
         materialized = 0
         largest: list[tuple[str, int]] = []
+        origins: dict[str, Path] = {}
         for shard in index.shards:
             part = self.load_file(shard, options)
             state = part.tree
@@ -91,6 +92,8 @@ class ShardsReader:
             if versions is not None:  # every shard carries the state dict's module versions
                 tree._metadata = versions  # type: ignore[attr-defined]
             facts = part.source
+            for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
+                origins.setdefault(name, shard)
             locations.update(facts.storage_locations)
             found.update(dict.fromkeys(facts.globals))
             spellings.update(facts.spellings)
@@ -116,4 +119,4 @@ class ShardsReader:
             shared_storages=tuple(shared), trusted=options.trust, files=source.files,
             spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
             notes=tuple(notes), materialized=materialized,
-            largest=biggest(largest)))
+            largest=biggest(largest), origins=origins))
