@@ -358,3 +358,32 @@ def test_a_closed_stdout_ends_the_command_quietly(fx):
     proc.stdout.close()  # before the command writes anything
     err = proc.stderr.read()
     assert (proc.wait(), err) == (141, b"")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--select", "nosuchkey"), "--select nosuchkey: no key 'nosuchkey'"),
+    (("--keep", "zzz*"), "--keep zzz*: matches no key"),
+    (("--drop", "zzz*"), "--drop zzz*: matches no key"),
+    (("--strip-prefix", "nope"), "--strip-prefix nope.: no key starts with it"),
+    (("--rename", "^zzz", "y"), "--rename '^zzz': matches no key"),
+    (("--subtree", "nope"), "--subtree nope"),
+    (("--select", "CKP001"), "--select CKP001 names a check code: --codes CKP001 runs only it"),
+])
+def test_check_refuses_options_that_select_nothing_as_normalize_does(fx, run, tmp_path, args,
+                                                                     message):
+    """Whether or not check reads tensors (--finite, --against), an option that matches
+    nothing is a typo, not a pass."""
+    for extra in ((), ("--finite",)):
+        result = run("check", fx["plain"], *args, *extra)
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr and len(result.stderr.splitlines()) == 1
+    assert run("normalize", fx["plain"], tmp_path / "o.pth", *args).exit_code == 2
+
+
+def test_check_keeps_accepting_options_that_select_something(fx, run):
+    plain = run("check", fx["plain"])
+    for args in (("--keep", "*"), ("--rename", "^", ""), ("--select", "auto")):
+        result = run("check", fx["plain"], *args)
+        assert (result.exit_code, result.stdout) == (plain.exit_code, plain.stdout), args
+    wrapped = run("check", fx["ddp_cuda3"], "--strip-prefix", "conv", "--finite")
+    assert wrapped.exit_code == 1 and "CKP001" in wrapped.stdout  # its findings, as before

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..progress import Progress, no_progress
 from ..readers import open_checkpoint, tag_for, tag_somewhere
-from ..rules import NormalizeOptions
+from ..rules import NormalizeOptions, check_selection
 from ..tensors import human_bytes
 from ..tree import TextEnum
 from ..unpickle import allowed_names
@@ -431,6 +431,10 @@ def check(
         CkptportError: the reference or manifest cannot be read (a checked file that
             cannot be read is a CKP008 finding, not an error).
     """
+    if options is not None and options.select.upper() in CODES:  # meant --codes
+        raise OptionError(f"--select {options.select} names a check code: --codes "
+                          f"{options.select} runs only it (--select picks the weights "
+                          "--finite and --against read)")
     if finite is not None and finite not in FINITE_SCOPES:
         raise OptionError(f"finite must be one of {', '.join(FINITE_SCOPES)} or None, not "
                           f"{finite!r}")
@@ -514,6 +518,11 @@ def _check_file(path: Path | _NoCheckpoint, codes: tuple[str, ...], settings: Ch
         checkpoint = open_checkpoint(path, lenient=True,  # for a report: nothing refused
                                      tag=tag_for(path, settings.tag))
         file = FileUnderCheck(checkpoint, survey(checkpoint), settings)
+    except CkptportError as exc:
+        return _unreadable(path, exc, codes)
+    if settings.options != NormalizeOptions() and not file.dangerous:
+        check_selection(checkpoint, settings.options)  # the options' error, not the file's
+    try:
         findings = [_finding(code, hit, path) for code in codes for hit in CODES[code].run(file)]
     except CkptportError as exc:
         return _unreadable(path, exc, codes)

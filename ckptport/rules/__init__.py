@@ -35,6 +35,7 @@ __all__ = [
     "normalize",
     "apply_rules",
     "build_rules",
+    "check_selection",
     "Change",
     "NormalizeRule",
     "RuleResult",
@@ -198,6 +199,21 @@ def apply_rules(checkpoint: Checkpoint, options: NormalizeOptions | None = None,
 
         checkpoint = materialize(checkpoint)
     return Normalized(checkpoint, tuple(results))
+
+
+# the rules that choose keys: an option of theirs that matches nothing is a typo
+SELECTING = frozenset({"select", "strip-prefixes", "subtree", "keep-drop", "rename"})
+
+
+def check_selection(checkpoint: Checkpoint, options: NormalizeOptions) -> None:
+    """The error ``normalize`` would raise for an option that selects nothing in
+    ``checkpoint`` (a ``--select`` key it lacks, a ``--keep`` no key matches, a
+    ``--strip-prefix`` no key carries), for commands that take the options but may not
+    run the rules (``check`` without ``--finite`` or ``--against``). Only the rules that
+    choose keys run, on names: no tensor byte is read, no object converted."""
+    for rule in build_rules(options, lazy=True):
+        if rule.name in SELECTING:
+            checkpoint, _ = rule(checkpoint)
 
 
 normalize = apply_rules  # the library's name for the rules alone; the CLI's is normalize_file
