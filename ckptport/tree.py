@@ -122,7 +122,11 @@ class Backref:
 
 
 def type_name(value: Any) -> str:
-    """A value's type as reports name it: the recorded class for records, never "ObjectRecord"."""
+    """A value's type as reports name it: the recorded class for records, never "ObjectRecord";
+    ``torch.Tensor`` for a tensor however ckptport holds it (what loading the output gives,
+    never an internal name like ``ckptport.tensors.TensorInfo``)."""
+    if isinstance(value, Leaf):
+        return "torch.Tensor"
     if isinstance(value, ObjectRecord):
         return value.name
     if isinstance(value, GlobalRef):
