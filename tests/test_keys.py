@@ -470,7 +470,7 @@ def test_source_metadata_is_carried_except_format_and_ckptport_keys(run, kohya, 
 
 def test_every_shard_carries_the_source_metadata(run, kohya, tmp_path):
     folder = tmp_path / "set"
-    result = run("normalize", kohya, folder, "--max-shard-size", "100", "--format", "json")
+    result = run("normalize", kohya, folder, "--max-shard-size", "100B", "--format", "json")
     assert result.exit_code == 0, result.stderr
     shards = sorted(folder.glob("*.safetensors"))
     assert len(shards) == 3

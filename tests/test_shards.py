@@ -96,8 +96,9 @@ def test_split_keeps_order_and_puts_big_tensors_alone():
 
 @pytest.mark.parametrize(("text", "size"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8),
                                             ("2GiB", 2 * 2**30), ("1.5gb", 15 * 10**8),
-                                            ("123", 123)])
+                                            ("123B", 123), ("1024", 1024), (7, 7)])
 def test_parse_size(text, size):
+    """A bare number of text is bytes from a KiB up; an int from Python is bytes."""
     assert parse_size(text) == size
 
 
@@ -212,3 +213,12 @@ def test_safetensors_writer_golden_bytes(tmp_path):
     assert raw[8 + length:] == struct.pack("<f", 1.5) + struct.pack("<hh", 1, 2)
     with safe_open(str(out), framework="pt") as f:
         assert torch.equal(f.get_tensor("b"), tree["b"])
+
+
+@pytest.mark.parametrize("size", ["2", "1023", " 5 "])
+def test_a_small_size_without_a_unit_is_refused(fx, run, tmp_path, size):
+    """``--max-shard-size 2`` meant 2GB; as bytes it wrote one shard per tensor."""
+    result = run("normalize", fx["plain"], tmp_path / "out", "--max-shard-size", size)
+    assert result.exit_code == 2 and "without a unit is" in result.stderr
+    assert "name the unit" in result.stderr and not (tmp_path / "out").exists()
+

@@ -44,7 +44,8 @@ class Destination:
 
 
 def parse_size(text: str | int) -> int:
-    """``5GB`` (decimal, as the hub counts), ``2GiB`` (binary) or a byte count."""
+    """``5GB`` (decimal, as the hub counts), ``2GiB`` (binary) or a byte count (from text,
+    1024 and up: a bare small number is a unit left out)."""
     if isinstance(text, int) and not isinstance(text, bool):
         size = text
     else:
@@ -52,6 +53,10 @@ def parse_size(text: str | int) -> int:
         if not match or match.group(2).upper() not in _UNITS:
             raise ValueError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
         size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        if not match.group(2) and size < 1024:  # "2" meant 2GB, not 2 one-byte shards
+            raise ValueError(f"{text!r} without a unit is {size} bytes: name the unit "
+                             f"({match.group(1)}GB, {match.group(1)}MB, or {match.group(1)}B "
+                             "if bytes are meant)")
     if size <= 0:
         raise ValueError(f"shard size must be positive, not {text!r}")
     return size
