@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python >= 3.10 and make):
 #   make demo   normalize the shipped GPU-saved DDP checkpoint and load it on CPU
 #   make test   run the test suite
+#   make release  build the sdist and wheel, install the wheel the way a user would, use it
 # torch is pinned to the 2.13.0 CPU build for the demo and tests. Where pip's
 # default index would hand out a CUDA build, point it at the CPU wheels:
 #   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -13,7 +14,7 @@ OUT := build/demo
 SIZE ?= 2
 MINUTES ?= 30
 
-.PHONY: demo test lint bench fuzz clean
+.PHONY: demo test release lint bench fuzz clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,6 +36,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.test-installed
 	$(PY) -m pytest -q
+
+# the release as a user gets it: sdist and wheel built, the wheel installed into a fresh
+# venv (torch first), the README's first walk, the pre-commit hook, docs/ci.md's step
+release: $(VENV)/.installed
+	TORCH_INDEX=$(TORCH_INDEX) $(PY) -m pytest -q -m release tests/test_release.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check ckptport tests fixtures bench examples

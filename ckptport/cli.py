@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ._version import __version__
+from ._version import installed_version
 from .checkpoint import Format
 from .errors import EXIT_ERROR, EXIT_FINDINGS, CkptportError, OutputExistsError
 from .escape import printable
@@ -325,8 +325,16 @@ def _anchor(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _print_version(ctx: click.Context, wanted: bool) -> None:
+    if wanted and not ctx.resilient_parsing:
+        click.echo(f"ckptport, version {installed_version()}")
+        ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="ckptport")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=lambda ctx, param, value: _print_version(ctx, value),
+              help="Show the version (the installed package's metadata) and exit.")
 @click.option("--remote-timeout", metavar="SPEC",
               help="Deadlines of remote reads, in seconds: the command's total (a number), "
                    "or NAME=SECONDS pairs of total, request, connect, read (default "
