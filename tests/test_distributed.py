@@ -685,3 +685,92 @@ def test_dcp_chunks_that_do_not_tile_are_refused_before_allocating(dist, run, tm
     _refused(run, folder, tmp_path / "out.safetensors", "'shard0'", *words)
     result = run("check", folder)
     assert result.exit_code in (1, 2) and "'shard0'" in result.stdout, result.stdout
+
+
+# -- torch's HuggingFaceStorageWriter: per-rank safetensors shards, one checkpoint --------
+
+
+def _hf(dist: Path, world: int, kind: str) -> Path:
+    return dist / "hf" / f"ws{world}" / kind / "sharded"
+
+
+def _consolidated(folder: Path) -> dict[str, torch.Tensor]:
+    """torch's own consolidation of the shards (enable_consolidation=True wrote it)."""
+    whole: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.parent.glob("model-*.safetensors")):
+        whole.update(load_file(path))
+    return whole
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("kind", ["fsdp2", "dtensor"])
+def test_hf_storage_writer_shards_match_torchs_consolidation(dist, run, tmp_path, world, kind):
+    folder = _hf(dist, world, kind)
+    want = _consolidated(folder)
+    got = _normalize(run, folder, tmp_path / "out.safetensors")
+    assert sorted(got) == sorted(want)
+    _same(got, want)
+    _same(got, torch.load(dist / "truth" / f"ws{world}" / f"{kind}.pt", weights_only=True))
+    checked = run("check", folder)
+    assert checked.exit_code == 0, checked.stdout
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("shard-00002-model-00001-of-00002.safetensors",
+     ("rank 2's shard file", "'fc1.weight' is its part at [7, 0]")),
+    ("shard-00001-model-00001-of-00002.safetensors",
+     ("rank 1's shard file", "other ranks' parts")),
+])
+def test_one_hf_storage_writer_shard_alone_is_partial(dist, run, tmp_path, name, words):
+    """Read alone, a rank's shard file was written as whole ((7, 7) of fc1.weight's
+    (13, 6)), verified, and passed check."""
+    path = _hf(dist, 2, "fsdp2") / name
+    _refused(run, path, tmp_path / "out.safetensors", *words)
+    _checked(run, path, *words)
+    assert run("inspect", path).exit_code == 0
+
+
+def _resharded(path: Path, fqn: str, offsets: list[int]) -> None:
+    """``path`` rewritten with another DCP_SHARDING_INFO offset for ``fqn`` (a lie)."""
+    from safetensors.torch import save_file
+
+    with safe_open(path, "pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    info = json.loads(metadata["DCP_SHARDING_INFO"])
+    info[fqn]["saved_offsets"] = offsets
+    save_file(tensors, path, {**metadata, "DCP_SHARDING_INFO": json.dumps(info)})
+
+
+def _drop(folder: Path, name: str) -> None:
+    (folder / name).unlink()
+
+
+@pytest.mark.parametrize(("forge", "words"), [
+    (lambda f: _drop(f, "shard-00001-model-00001-of-00002.safetensors"),
+     ("no piece holds element (0, 0)", "fc1.weight")),
+    (lambda f: [_drop(f, n) for n in ("shard-00001-model-00002-of-00002.safetensors",
+                                      "shard-00002-model-00002-of-00002.safetensors")],
+     ("model file 2 of 2 has no shard file",)),
+    (lambda f: shutil.copy(f / "shard-00002-model-00001-of-00002.safetensors",
+                           f / "shard-2-model-1-of-00002.safetensors"),
+     ("claimed by 2 files", "shard-2-model-1-of-00002.safetensors")),
+    (lambda f: shutil.copy(f / "shard-00002-model-00001-of-00002.safetensors",
+                           f / "shard-00003-model-00001-of-00003.safetensors"),
+     ("2 different counts of model files", "different saves")),
+    (lambda f: _resharded(f / "shard-00002-model-00001-of-00002.safetensors", "fc1.weight",
+                          [6, 0]),
+     ("element (6, 0) of its [12, 6] is held by 2 pieces", "overlapping")),
+    (lambda f: _resharded(f / "shard-00002-model-00001-of-00002.safetensors", "fc1.weight",
+                          [7, 1]),
+     ("fc1.weight", "no piece holds element (0, 6) of its [13, 7]")),
+])
+def test_hf_storage_writer_shards_that_are_not_whole_are_refused(dist, run, tmp_path, forge,
+                                                                 words):
+    """A rank's file gone, a model file's every shard gone, a rank under two spellings, a
+    file of another save, offsets that overlap or leave a gap: exit 2 naming the cause,
+    CKP013 in check."""
+    folder = _copy(_hf(dist, 2, "fsdp2"), tmp_path / "sharded")
+    forge(folder)
+    _refused(run, folder, tmp_path / "out.safetensors", *words)
+    _checked(run, folder, *words)

@@ -38,6 +38,7 @@ from .base import Layout, LayoutReader, Names, NotDescribable, Reader, ReadOptio
 from .dcp import DcpReader
 from .deepspeed import DeepSpeedReader
 from .folders import ModelFolder, TrainingState, listing, not_one_checkpoint
+from .hf_dcp import HfShardsReader
 from .legacy import LegacyReader
 from .ranks import RankFilesReader
 from .safetensors import SafetensorsReader
@@ -160,7 +161,7 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 READERS: tuple[Reader | LayoutReader, ...] = (
     TorchZipReader(), TorchScriptReader(), LegacyReader(), SafetensorsReader(),
     DcpReader(_load_file), DeepSpeedReader(_load_file), RankFilesReader(_load_file),
-    TrainingState(), ShardsReader(_load_file), ModelFolder())
+    TrainingState(), HfShardsReader(), ShardsReader(_load_file), ModelFolder())
 
 
 def _reader_for(source: Source) -> Reader:

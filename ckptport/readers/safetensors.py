@@ -13,17 +13,28 @@ why in the source's notes.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from .. import treejson
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.safetensors import Header, parse_header
+from ..errors import InputError
+from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
 from ..tree import KEY_ALIASES, KEY_TREE, format_path, iter_tensors
 from .base import ReadOptions, Source
+from .layouts import PROBLEMS, LayoutError
 
-__all__ = ["SafetensorsReader", "header_of"]
+__all__ = ["SafetensorsReader", "header_of", "tensors_of", "sharding_offsets", "SHARD_FILE",
+           "SHARDING_INFO"]
+
+# torch's HuggingFaceStorageWriter: rank R's part of model file I of N (ranks and files
+# from 1), the parts' offsets in the whole tensors in the header's DCP_SHARDING_INFO
+SHARD_FILE = re.compile(r"shard-([0-9]+)-model-([0-9]+)-of-([0-9]+)\.safetensors")
+SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 def header_of(source: Source) -> Header:
@@ -31,16 +42,59 @@ def header_of(source: Source) -> Header:
     return source.parsed("header", lambda: parse_header(source.file))  # type: ignore[arg-type]
 
 
-def _tensors(source: Source, header: Header) -> dict[str, TensorInfo]:
-    assert source.file is not None
+def tensors_of(file: SourceFile, header: Header) -> dict[str, TensorInfo]:
+    """The file's tensors, described by position, in file order."""
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.entries.items():
-        blob = Blob(source.file, header.data_start + entry.start, entry.nbytes,
+        blob = Blob(file, header.data_start + entry.start, entry.nbytes,
                     name=f"tensor {name}")
         storage = StorageInfo(name, "cpu", entry.dtype, entry.nbytes, blob)
         tensors[name] = TensorInfo(entry.dtype, entry.shape, contiguous_strides(entry.shape),
                                    0, storage)
     return tensors
+
+
+def sharding_offsets(header: Header, path: Path) -> dict[str, tuple[int, ...]] | None:
+    """``DCP_SHARDING_INFO``'s offsets of each tensor's part in its whole tensor, checked
+    to name exactly the file's tensors; None when the header has none."""
+    text = header.metadata.get(SHARDING_INFO)
+    if text is None:
+        return None
+    try:
+        info = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        info = None
+    offsets: dict[str, tuple[int, ...]] = {}
+    for name, entry in header.entries.items():
+        record = info.get(name) if isinstance(info, dict) else None
+        saved = record.get("saved_offsets") if isinstance(record, dict) else None
+        if not isinstance(saved, list) or len(saved) != len(entry.shape) or not all(
+                type(o) is int and o >= 0 for o in saved):
+            raise InputError(f"{SHARDING_INFO} gives {name!r} no offsets of its "
+                             f"{len(entry.shape)} dimensions", path)
+        offsets[name] = tuple(saved)
+    if not isinstance(info, dict) or set(info) != set(offsets):
+        raise InputError(f"{SHARDING_INFO} names tensors the file does not hold", path)
+    return offsets
+
+
+def _part_alone(header: Header, path: Path) -> str | None:
+    """Why a file read alone is part of a distributed save (a rank's shard file, or parts
+    at offsets other than 0), or None when it is whole."""
+    offsets = sharding_offsets(header, path)
+    if offsets is None:
+        return None
+    moved = next(((name, at) for name, at in offsets.items() if any(at)), None)
+    named = SHARD_FILE.fullmatch(path.name)
+    if moved is None and named is None:
+        return None  # rank-0 checkpointing: whole tensors, offsets 0
+    what = f"rank {int(named[1])}'s shard file" if named else "a shard file"
+    detail = (f"; {moved[0]!r} is its part at {list(moved[1])} of a larger tensor, the rest "
+              "in other ranks' files") if moved else (
+        "; the other ranks' parts of its tensors are in their own files")
+    return (f"is {what} of a torch.distributed.checkpoint HuggingFaceStorageWriter save "
+            f"({SHARDING_INFO}){detail}: read the folder holding every rank's "
+            "shard-*-model-*-of-*.safetensors files as one checkpoint")
 
 
 def _aliases(metadata: Any, tensors: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -85,7 +139,10 @@ class SafetensorsReader:
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         assert source.file is not None
         header = header_of(source)
-        tensors = _tensors(source, header)
+        partial = _part_alone(header, source.main)
+        if partial is not None and not options.lenient:
+            raise LayoutError(partial, source.main)
+        tensors = tensors_of(source.file, header)
         tree: Any = OrderedDict(tensors)
         notes: tuple[str, ...] = ()
         aliases: dict[str, tuple[str, ...]] = {}
@@ -101,4 +158,5 @@ class SafetensorsReader:
             path=source.main, format=self.format, size=source.file.size,
             storage_locations={"cpu": len(tensors)} if tensors else {},
             shared_storages=tuple((name, *others) for name, others in aliases.items()),
-            metadata=dict(header.metadata), notes=notes))
+            metadata={**header.metadata, **({PROBLEMS: partial} if partial else {})},
+            notes=notes))
