@@ -387,6 +387,9 @@ def cli(remote_timeout: str | None, connections: int | None) -> None:
 @click.option("--hash-name", is_flag=True,
               help="Name the output STEM-<first 8 hex of its sha256>.EXT (what torch.hub's "
                    "check_hash verifies) and print that name. One file only.")
+@click.option("--create-pr", is_flag=True,
+              help="An hf:// DST: open a pull request with the files (as the hub's conversion "
+                   "bot does) instead of committing to the branch.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
@@ -396,7 +399,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
               part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
-              quiet: bool, report_format: str) -> None:
+              create_pr: bool, quiet: bool, report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
@@ -435,7 +438,8 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
                                 to=to, anchor=anchor, overwrite=overwrite, verify=verify,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
                                 manifest=manifest_path, jobs=jobs, metadata=metadata,
-                                hash_name=hash_name, max_expansion=max_expansion, tag=tag,
+                                hash_name=hash_name, create_pr=create_pr,
+                                max_expansion=max_expansion, tag=tag,
                                 progress=progress)
     click.echo(formatter(report_format).normalize(report))
 

@@ -25,7 +25,7 @@ from .fetching import NotFound, missing_extra
 from .http import HttpObject
 from .urls import RemotePath, redact
 
-__all__ = ["open_hub", "repo_files"]
+__all__ = ["commit_of", "open_hub", "repo_files"]
 
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -74,6 +74,11 @@ def _refusal(exc: Exception, path: RemotePath) -> InputError:
         return InputError(f"the repository is gated: accept its terms on the hub and set "
                           f"HF_TOKEN ({text})", path)
     return InputError(f"cannot resolve the revision at {_endpoint()}: {text}", path)
+
+
+def commit_of(path: RemotePath) -> str:
+    """The commit ``path``'s revision resolved to (what a read of it reads)."""
+    return str(_revision(path).sha)
 
 
 def repo_files(path: RemotePath) -> tuple[str, ...]:

@@ -60,5 +60,6 @@ def transferred() -> Transferred | None:
         if not _counts[2]:
             return None
         seconds = _times[-1] - _times[0] if _times else 0.0
-        return Transferred(*_counts[:3], max(1, _counts[3]), round(seconds, 3),
+        return Transferred(_counts[0], _counts[1], _counts[2], max(1, _counts[3]),
+                           round(seconds, 3),
                            round(_counts[0] / seconds) if seconds > 0 else 0.0)

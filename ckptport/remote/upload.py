@@ -330,6 +330,17 @@ class S3Store:
         self._delete(staged.key)
         return where
 
+    def commit(self, staged: list[Staged], stale: list[str], overwrite: bool,
+               message: str = "", description: str = "") -> RemotePath:
+        """Publish ``staged`` in order (a set's index last), then delete ``stale`` names; S3
+        has no commit message (``message``, ``description`` are for the hub)."""
+        for item in staged:
+            self.publish(item, overwrite)
+        for name in stale:
+            self.remove(name)
+        self.created.clear()  # published: a failure from here on keeps it
+        return self.path
+
     def remove(self, name: str) -> None:
         """Delete ``name`` (a stale shard of a set being replaced)."""
         self._call("delete_object", self.where(name), Key=self.folder + name)

@@ -1,13 +1,15 @@
-"""Remote destinations (``s3://BUCKET/KEY``, ``s3://BUCKET/PREFIX/``): written, verified, then
-made visible, with local disk holding one output file at a time.
+"""Remote destinations (``s3://BUCKET/KEY``, ``s3://BUCKET/PREFIX/``, ``hf://ORG/REPO[@BRANCH]
+[/PATH]``): written, verified, then made visible, local disk holding one output file at a time.
 
 Each output file (the file, or one shard of a set) is written into a local
 spool folder exactly as a local output is, and verified there against an
 independent read of the source (``writers.verify``). Then it is uploaded
 and what the server stored is read back and compared bit for bit with it
 (``remote.upload``); the local copy is deleted before the next shard is
-written. Only when every file of the output is verified on the server do
-they appear under their names (a shard set's index last).
+written. Only when every file of the output is uploaded (and, on S3,
+verified on the server) do they appear under their names: S3 copies each
+from its staging key (a shard set's index last, ``remote.upload``), the hub
+makes one commit or pull request with them all (``remote.commit``).
 
 Why a local spool of one file, not parts streamed as the writer writes
 them: the writers patch what they wrote (a safetensors header holding the
@@ -35,13 +37,13 @@ from ..remote import location
 from ..remote.urls import RemotePath
 from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .formats import FORMATS, Kind
-from .plan import Destination, plan_destination
+from .plan import Destination, file_extension, plan_destination
 from .shards import ShardNames, ShardsWriter
 from .staging import os_error, staged_file
 
-__all__ = ["RemoteDestination", "plan_remote", "check_remote", "write_remote"]
+__all__ = ["RemoteDestination", "Message", "plan_remote", "check_remote", "write_remote"]
 
-WRITTEN = ("s3",)  # the schemes written
+WRITTEN = ("s3", "hf")  # the schemes written
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
         raise OutputError(f"{url.url.scheme}:// destinations are not written (ckptport writes "
                           f"local paths and {', '.join(s + '://' for s in WRITTEN)})", url)
     key = url.url.key
-    folder = not key or key.endswith("/")
+    folder = not key or key.endswith("/") or url.url.scheme == "hf" and not file_extension(
+        Path(url.name))  # the hub's URLs drop a trailing '/'; a name without extension
     stand_in = Path(tempfile.gettempdir(), f".ckptport-plan-{secrets.token_hex(4)}",
                     url.name or "set")
     chosen = FORMATS.get(str(to)) if to is not None else None
@@ -84,29 +87,39 @@ def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
     return RemoteDestination(url, local)
 
 
-def _store(destination: RemoteDestination) -> Any:
+def _store(destination: RemoteDestination, create_pr: bool) -> Any:
+    if destination.url.url.scheme == "hf":
+        from ..remote.commit import HubStore
+
+        return HubStore(destination.url, destination.local.sharded, create_pr)
+    if create_pr:
+        raise OutputError("--create-pr opens a pull request on the hub; an s3:// destination "
+                          "has none", destination.url)
     from ..remote.upload import S3Store
 
     return S3Store(destination.url)  # parts in flight: the command's ``--connections``
 
 
 def check_remote(sources: tuple[Any, ...], destination: RemoteDestination,
-                 overwrite: bool) -> None:
-    """Before the source is read: the bucket is there, DST is not a source, DST (a file,
-    or a set's files) does not exist unless ``overwrite``."""
-    store = _store(destination)
+                 overwrite: bool, create_pr: bool = False) -> Any:
+    """Before the source is read: the bucket (repository, branch) is there, DST is not a
+    source, DST (a file, or a set's files) does not exist unless ``overwrite``. Returns the
+    store to write with (``write_remote``)."""
+    store = _store(destination, create_pr)
     store.check_bucket()
-    remote = [s for s in sources if isinstance(s, RemotePath) and s.url.scheme == "s3"
-              and s.url.host == store.bucket]
+    url = destination.url.url
+    remote = [s for s in sources if isinstance(s, RemotePath) and s.url.scheme == url.scheme
+              and s.url.host == url.host]
     if destination.name:
         if any(s.url.key == store.folder + destination.name for s in remote):
             raise OutputError("is the source; write somewhere else", destination.url)
         if not overwrite and store.exists(destination.name):
             raise OutputError("exists; pass --overwrite to replace it", destination.url)
-        return
+        return store
     names = ShardNames.of(destination.local.format)
     for source in remote:
-        if source.url.key.rsplit("/", 1)[0] + "/" == store.folder and names.is_ours(source.name):
+        folder = source.url.key.rsplit("/", 1)[0] + "/" if "/" in source.url.key else ""
+        if folder == store.folder and names.is_ours(source.name):
             raise OutputError(f"holds the source {source.name}; write the set elsewhere",
                               destination.url)
     if not overwrite:
@@ -114,15 +127,24 @@ def check_remote(sources: tuple[Any, ...], destination: RemoteDestination,
         if existing:
             raise OutputError(f"already holds {', '.join(existing[:3])}; pass --overwrite "
                               "to replace the set", destination.url)
+    return store
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a hub commit says: a summary line and a description (source, options, rules)."""
+
+    summary: str = ""
+    description: str = ""
 
 
 class _Upload:
     """A ``shards.Sink`` that uploads each verified file and publishes the set on the server."""
 
-    def __init__(self, store: Any, spool: Path, options: WriteOptions) -> None:
-        self.store, self.spool, self.options = store, spool, options
+    def __init__(self, store: Any, spool: Path, options: WriteOptions, message: Message) -> None:
+        self.store, self.spool, self.options, self.message = store, spool, options, message
         self.location = store.path
-        self.uploaded: dict[str, Any] = {}  # name -> remote.upload.Staged
+        self.uploaded: dict[str, Any] = {}  # name -> what the store uploaded
 
     def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
         """Done by ``check_remote`` before the source was read."""
@@ -137,37 +159,42 @@ class _Upload:
         path.unlink()  # local disk holds one file at a time
 
     def publish(self, staging: Path, files: list[str], names: ShardNames) -> None:
-        for name in files:  # the index last
-            self.store.publish(self.uploaded[name], self.options.overwrite)
-        for stale in self.store.names():
-            if names.is_ours(stale) and stale not in files:
-                self.store.remove(stale)
+        self.commit(files, [n for n in self.store.names() if names.is_ours(n) and n not in files])
+
+    def commit(self, files: list[str], stale: list[str]) -> None:
+        self.location = self.store.commit([self.uploaded[n] for n in files], stale,
+                                          self.options.overwrite, self.message.summary,
+                                          self.message.description)
 
 
 def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
-                 options: WriteOptions) -> WriteResult:
-    """Write ``checkpoint`` to the remote ``destination``; it appears only once verified on
-    the server, and a failure or Ctrl-C leaves nothing there (``remote.upload``)."""
-    store = _store(destination)
+                 options: WriteOptions, store: Any = None,
+                 message: Message = Message()) -> WriteResult:
+    """Write ``checkpoint`` to the remote ``destination`` (with the store ``check_remote``
+    returned); it appears only once every file is uploaded and verified, and a failure or
+    Ctrl-C leaves nothing there (``remote.upload``, ``remote.commit``)."""
+    if store is None:
+        store = check_remote(checkpoint.source.files, destination, options.overwrite)
     fmt = destination.local.format
     try:
         with tempfile.TemporaryDirectory(prefix="ckptport-upload-") as spool, store:
             local = replace(destination.local, path=Path(spool) / destination.local.path.name)
+            sink = _Upload(store, Path(spool), options, message)
             if local.sharded:
-                sink = _Upload(store, Path(spool), options)
                 result = ShardsWriter(fmt, sink).write(checkpoint, local, replace(
                     options, overwrite=False))
             else:
                 with staged_file(local.path, overwrite=False) as out:
                     emit(fmt, checkpoint.tree, out, options)
                     out.publish()
-                staged = store.stage(local.path, destination.name, options.verify)
-                local.path.unlink()
+                sink.staged(local.path)
                 options.precommit()
-                store.publish(staged, options.overwrite)
+                sink.commit([destination.name], [])
                 result = WriteResult(destination.url, fmt.name, count_tensors(checkpoint.tree),
                                      unique_bytes(checkpoint.tree), options.verify)
-            store.created.clear()  # published: a failure from here on keeps it
     except OSError as exc:
         raise os_error(exc, Path(tempfile.gettempdir())) from exc
-    return result
+    notes = tuple(f"{what}: {url}" for what, url in (
+        ("commit", getattr(store, "commit_url", None)),
+        ("pull request", getattr(store, "pr_url", None))) if url)
+    return replace(result, notes=(*result.notes, *notes))

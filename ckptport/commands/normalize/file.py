@@ -10,6 +10,7 @@ one tensor at a time by the writer. What an output records of its source
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from ...checkpoint import Format, SourceFacts
 from ...errors import InputError, OutputError, RuleError
 from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
-from ...remote.urls import is_remote
+from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
 from ...sources import read_more_than_once
@@ -27,7 +28,13 @@ from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
 from ...writers.provenance import Provenance
-from ...writers.remote import check_remote, plan_remote, write_remote
+from ...writers.remote import (
+    Message,
+    RemoteDestination,
+    check_remote,
+    plan_remote,
+    write_remote,
+)
 
 __all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]
@@ -81,6 +88,33 @@ def carried_metadata(source: SourceFacts, keep: bool = True) -> dict[str, str]:
             if key != "format" and not key.startswith("ckptport.") and isinstance(value, str)}
 
 
+def _version(path: RemotePath) -> str:
+    if path.url.scheme == "hf":
+        from ...remote.hub import commit_of
+
+        return f"commit {commit_of(path)}"
+    return f"version {path.opened().version}"
+
+
+def _message(source: Source, remote: RemoteDestination, options: NormalizeOptions | None,
+             results: tuple[RuleResult, ...]) -> Message:
+    """A hub commit's words: what was converted (at which version) and how."""
+    from ..._version import __version__
+    from ...analysis.manifests import options_of
+
+    files = source.files
+    versions = [f"{f} ({_version(f)})" if isinstance(f, RemotePath) else str(f) for f in files]
+    applied = _applied(results)
+    lines = [f"Source: {', '.join(versions[:3])}" + (f" and {len(files) - 3} more"
+                                                     if len(files) > 3 else ""),
+             f"Options: {json.dumps(options_of(options or NormalizeOptions()), sort_keys=True)}",
+             *(f"- {rule}: {summary}" for rule, summary in applied.items()),
+             f"Written and verified bit for bit by ckptport {__version__}."]
+    name = files[0].name if files else "checkpoint"
+    return Message(f"Convert {name} to {remote.local.format.name} with ckptport",
+                   "\n".join(lines))
+
+
 def normalize_file(
     src: str | os.PathLike[str] | Source,
     dst: str | os.PathLike[str],
@@ -98,6 +132,7 @@ def normalize_file(
     hash_source: bool = False,
     metadata: str = "keep",
     hash_name: bool = False,
+    create_pr: bool = False,
     max_expansion: float | None = None,
     tag: str | None = None,
     progress: Progress = no_progress,
@@ -127,6 +162,8 @@ def normalize_file(
             ``drop`` it.
         hash_name: name the output ``STEM-<first 8 hex of its sha256>.EXT`` (torch.hub's
             ``check_hash``).
+        create_pr: an ``hf://`` DST: open a pull request with the files instead of committing
+            to the branch.
         max_expansion: the read budget's ratio (``readers.budget``).
         tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
         progress: a ``Progress`` callback (the CLI's tqdm bars).
@@ -143,6 +180,9 @@ def normalize_file(
     if metadata not in METADATA_CHOICES:
         raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
     remote = plan_remote(dst, to, max_shard_size) if is_remote(os.fspath(dst)) else None
+    if remote is None and create_pr:
+        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
+                          os.fspath(dst))
     if remote is not None and hash_name:
         raise OutputError("--hash-name names a local file; name the remote object yourself",
                           remote.url)
@@ -153,8 +193,9 @@ def normalize_file(
         destination = staging_destination(destination)
     with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
         source = src if isinstance(src, Source) else resolve(src, tag)
+    store = None
     if remote is not None:
-        check_remote(source.files, remote, overwrite)
+        store = check_remote(source.files, remote, overwrite, create_pr)
     else:
         check_destination(source.files, destination, overwrite or hash_name)
     if manifest is not None and any(same_file(Path(manifest), p)
@@ -183,7 +224,8 @@ def normalize_file(
         precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
         tap=None if digests is None else digests.tap)
     written = write_to(normalized.checkpoint, destination, write_options) if remote is None \
-        else write_remote(normalized.checkpoint, remote, write_options)
+        else write_remote(normalized.checkpoint, remote, write_options, store,
+                          _message(source, remote, options, normalized.results))
     sha256 = provenance.known_sha256()
     if hash_name:  # a local file (refused above for a URL)
         final = publish_hashed(Path(written.path), final_dst, overwrite)
