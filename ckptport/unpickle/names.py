@@ -105,6 +105,11 @@ CODE_MODULES = frozenset({
     "torch.utils.hooks", "torch._dynamo", "torch._inductor", "torch.compiler",
     "torch.library", "torch.classes", "torch._weights_only_unpickler", "torch.export",
     "torch._export", "torch.onnx", "torch.testing", "torch.backends", "torch.cuda",
+    # torch's tools that write, rewrite, unpickle or run files when called or constructed
+    # (SummaryWriter(logdir) makes the folder; show_pickle and model_dump unpickle theirs)
+    "torch.utils.tensorboard", "torch.utils.show_pickle", "torch.utils.model_dump",
+    "torch.utils.hipify", "torch.utils.bottleneck", "torch.utils.benchmark",
+    "torch.utils.model_zoo",
 })
 CODE_NAMES = frozenset({
     "torch.load", "torch.save", "torch.compile", "torch.from_file", "torch.set_default_device",

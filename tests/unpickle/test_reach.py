@@ -68,20 +68,20 @@ def _expect(path: str, value: object, verdict: names.Verdict, named: bool) -> st
     """Why ``verdict`` is wrong for ``value`` reached by ``path``; None when it holds."""
     if path in ALLOWED:
         return None  # ckptport's own wrapper answers it, never the real object
-    if isinstance(value, (staticmethod, classmethod)):
+    if type(value) in (staticmethod, classmethod):  # type(): a proxy's __class__ runs code
         value = value.__func__
     home = describe(value, path).home
     if stdlib.is_stdlib(path):  # the closed table answers by the name itself
         return None if (verdict.kind is Kind.CODE) != stdlib.is_data(path) else "the table"
-    if isinstance(value, types.ModuleType):
+    if issubclass(type(value), types.ModuleType):
         return None if verdict.kind is Kind.CODE else "a module not judged code-running"
     if stdlib.is_stdlib(home) and not stdlib.is_data(home) and home not in SCALAR_HOMES:
         return None if verdict.kind is Kind.CODE else f"{home} is standard-library code"
-    if named and inspect.isfunction(value) and _primitives(value) and \
+    if named and type(value) is types.FunctionType and _primitives(value) and \
             value.__module__ == path.rpartition(".")[0]:
         return None if verdict.kind is Kind.CODE else (
             f"its bytecode uses {sorted(_primitives(value))}")
-    if callable(value) and not isinstance(value, type):
+    if callable(value) and not issubclass(type(value), type):
         return None if verdict.kind is Kind.CODE or verdict.called else (
             "a function whose call is not code-running")
     return None if verdict.kind is not Kind.ALLOWED or path in ALLOWED else "allowed by reach"
@@ -137,6 +137,23 @@ def test_every_attribute_a_getattr_takes_from_a_class_reached_is_judged(walked):
                 wrong[f"{path}.{attribute}"] = why
     assert count > 1000
     assert not wrong, wrong
+
+
+def test_every_global_of_every_torch_module_is_judged_by_what_it_reaches():
+    """Beyond the allow-list: every attribute of every module ``import torch`` loads."""
+    wrong: dict[str, str] = {}
+    count = 0
+    for module, loaded in sorted(sys.modules.items()):
+        if loaded is None or not (module == "torch" or module.startswith("torch.")):
+            continue
+        for attribute, value in list(vars(loaded).items()):
+            path = f"{module}.{attribute}"
+            count += 1
+            why = _expect(path, value, names.judge(path, False, ALLOWED), named=False)
+            if why:
+                wrong[path] = why
+    assert count > 20_000
+    assert not wrong, "\n".join(f"{k}: {v}" for k, v in sorted(wrong.items()))
 
 
 @pytest.mark.parametrize("path", ["torch.os", "torch.sys", "torch.builtins", "torch.importlib",
