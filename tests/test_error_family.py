@@ -387,3 +387,18 @@ def test_check_keeps_accepting_options_that_select_something(fx, run):
         assert (result.exit_code, result.stdout) == (plain.exit_code, plain.stdout), args
     wrapped = run("check", fx["ddp_cuda3"], "--strip-prefix", "conv", "--finite")
     assert wrapped.exit_code == 1 and "CKP001" in wrapped.stdout  # its findings, as before
+
+
+@pytest.mark.parametrize("command", ["inspect", "diff", "manifest"])
+def test_a_folder_of_checkpoints_is_listed_with_what_fits_the_command(fx, run, tmp_path,
+                                                                      command):
+    """Not one checkpoint: the message lists what the folder holds and names one to pick;
+    it suggests nothing the command cannot do."""
+    for name in ("b.pth", "a.pth"):
+        (tmp_path / name).write_bytes(fx["plain"].read_bytes())
+    args = (tmp_path, fx["plain"]) if command == "diff" else (tmp_path,)
+    result = run(command, *args)
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert "it holds a.pth, b.pth (2 entries)" in result.stderr
+    assert f"Name a file in it (e.g. {tmp_path / 'a.pth'})" in result.stderr
+    assert "to a folder DST" not in result.stderr

@@ -77,8 +77,8 @@ class TrainingState:
         return Layout(folder, (), many=(
             f"is a folder of checkpoints (an accelerate save_state folder: "
             f"{', '.join(shown[:5])}{' …' if len(shown) > 5 else ''}): name the one to read "
-            f"(e.g. {folder / shown[0]}), or normalize the folder to a folder DST (folder "
-            "mode)"))
+            f"(e.g. {folder / shown[0]}); check and normalize also take a folder of checkpoints "
+            "whole"))
 
 
 def _training_state(names: frozenset[str]) -> list[str]:
@@ -86,9 +86,15 @@ def _training_state(names: frozenset[str]) -> list[str]:
 
 
 def not_one_checkpoint(folder: Any) -> InputError:
-    """Why a folder that no layout names cannot be read as one checkpoint."""
+    """Why a folder that no layout names cannot be read as one checkpoint: what it holds,
+    and what to do that fits every command that reads one checkpoint."""
+    names = sorted(listing(folder)) if isinstance(folder, Path) else []
+    held = (f"it holds {', '.join(names[:5])}{' …' if len(names) > 5 else ''} "
+            f"({len(names)} {'entry' if len(names) == 1 else 'entries'})" if names
+            else "it is empty")
+    pick = f" (e.g. {folder / names[0].rstrip('/')})" if names else ""
     return InputError(
-        "is a directory with no checkpoint named as one in it (no *.index.json shard index, "
-        "no model.safetensors/pytorch_model.bin, diffusion_pytorch_model.* or "
-        "adapter_model.*, no DCP .metadata, no DeepSpeed or rank files): name a file, or "
-        "normalize the folder to a folder DST (folder mode)", folder)
+        f"is a directory with no checkpoint named as one in it: {held}; no *.index.json "
+        "shard index, model.safetensors/pytorch_model.bin, diffusion_pytorch_model.*, "
+        "adapter_model.*, DCP .metadata, DeepSpeed or rank files. Name a file in it"
+        f"{pick}; check and normalize also take a folder of checkpoints whole", folder)
