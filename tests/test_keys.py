@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ckptport
+from ckptport.analysis.manifests import load_manifest
 from ckptport.checkpoint import Checkpoint, Format, SourceFacts
 from ckptport.errors import RuleError
 from ckptport.rules import NormalizeOptions, load_recipe
@@ -114,6 +115,24 @@ def test_recipe_toml_and_json_give_the_same_file_and_record_the_sha(run, det, tm
                                                 "stage1.bias", "stage1.running_mean",
                                                 "stage1.running_var"}
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+
+
+def test_a_manifest_written_by_normalize_records_the_recipe_it_was_made_with(run, det,
+                                                                            tmp_path):
+    """Like the output's metadata and the report; its options stay those that reproduce
+    the output (identity), so checking the output against it applies no step twice."""
+    out, made = tmp_path / "o.safetensors", tmp_path / "m.json"
+    result = run("normalize", det["det"], out, "--map", det["toml"], "--manifest", made,
+                 "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    sha = load_recipe(det["toml"]).sha256
+    assert json.loads(result.stdout)["map_sha256"] == sha
+    assert json.loads(made.read_text())["made_with"] == {"map": {"path": str(det["toml"]),
+                                                                 "sha256": sha}}
+    assert load_manifest(made).made_with["map"]["sha256"] == sha
+    assert run("check", out, "--against-manifest", made).exit_code == 0
+    run("normalize", det["det"], tmp_path / "p.safetensors", "--manifest", tmp_path / "n.json")
+    assert "made_with" not in json.loads((tmp_path / "n.json").read_text())
 
 
 def test_library_keywords_match_the_cli(det):

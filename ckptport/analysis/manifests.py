@@ -83,6 +83,9 @@ class Manifest:
     version: int = VERSION
     tool: str = __version__
     quantization: Mapping[str, Any] = field(default_factory=dict)  # schemes, not in the digest
+    # how the listed weights were made, not in the digest: {"map": {"path", "sha256"}}, the
+    # recipe a normalize --manifest applied (options stay those that reproduce the output)
+    made_with: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "digest", weights_digest(self.tensors, self.version))
@@ -107,6 +110,8 @@ class Manifest:
                "tensors": [_entry_json(t) for t in self.tensors]}
         if self.quantization:
             doc["quantization"] = dict(self.quantization)
+        if self.made_with:
+            doc["made_with"] = dict(self.made_with)
         return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
@@ -322,8 +327,11 @@ def manifest_from_json(doc: Any, target: Path, label: str = "manifest") -> Manif
     quantization = doc.get("quantization", {})
     if not isinstance(quantization, dict):
         raise InputError("manifest field \"quantization\" is not an object", target)
+    made_with = doc.get("made_with", {})
+    if not isinstance(made_with, dict):
+        raise InputError(f"{label} field \"made_with\" is not an object", target)
     made = Manifest(tuple(sorted(entries, key=lambda e: e.name)), options, version,
-                    str(doc.get("ckptport", "")), quantization)
+                    str(doc.get("ckptport", "")), quantization, made_with)
     if doc.get("digest") != made.digest:
         raise InputError(f"{label} field \"digest\" does not match its tensors (edited or "
                          "corrupt)", target)

@@ -239,6 +239,9 @@ def normalize_file(
             select="all" if given.select == "all" else "auto",
             keep_prefixes=given.keep_prefixes), jobs=jobs, known=digests.done,
             progress=progress)
+        if recipe is not None:  # what made DST, as its metadata and the report record it
+            made = replace(made, made_with={"map": {"path": recipe.path,
+                                                    "sha256": recipe.sha256}})
         write_manifest(made, manifest)
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
