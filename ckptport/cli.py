@@ -295,6 +295,64 @@ def _jobs_option(func: Callable[..., Any]) -> Callable[..., Any]:
                              "for a folder (default: every core).")(func)
 
 
+def _signing_key(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that say how to sign (``sign``, ``normalize --sign``), as one ``key``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, key: Path | None, certificate: Path | None,
+                certificate_chain: tuple[Path, ...], sigstore: bool,
+                identity_token: str | None, **kwargs: Any) -> Any:
+        from .signing import SigningKey
+
+        made = None if key is None and not sigstore else SigningKey(
+            key, certificate, certificate_chain, os.environ.get("CKPTPORT_KEY_PASSWORD"),
+            sigstore, identity_token)
+        return func(*args, signing_key=made, **kwargs)
+
+    for option in reversed([
+        click.option("--certificate", type=click.Path(path_type=Path), metavar="PEM",
+                     help="The signing certificate of --key (then the bundle carries it)."),
+        click.option("--certificate-chain", multiple=True, type=click.Path(path_type=Path),
+                     metavar="PEM", help="Certificates from the signing one to the root. "
+                     "Repeatable."),
+        click.option("--sigstore", is_flag=True,
+                     help="Sign keyless with Sigstore (OIDC identity; needs the network)."),
+        click.option("--identity-token", metavar="TOKEN",
+                     help="With --sigstore: this OIDC token, not ambient credentials."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _trusted_keys(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that say what a signature must verify with, as one ``trusted``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, public_key: tuple[Path, ...], roots: tuple[Path, ...],
+                sigstore_identity: str | None, sigstore_issuer: str | None,
+                **kwargs: Any) -> Any:
+        from .signing import TrustedKeys
+
+        made = None if not (public_key or roots or sigstore_identity or sigstore_issuer) \
+            else TrustedKeys(public_key, roots, sigstore_identity, sigstore_issuer)
+        return func(*args, trusted=made, **kwargs)
+
+    for option in reversed([
+        click.option("--public-key", multiple=True, type=click.Path(path_type=Path),
+                     metavar="PEM", help="A public key the signature may verify with. "
+                     "Repeatable."),
+        click.option("--certificate-chain", "roots", multiple=True,
+                     type=click.Path(path_type=Path), metavar="PEM",
+                     help="Trusted certificates (roots, intermediates) the bundle's signing "
+                          "certificate must chain to. Repeatable."),
+        click.option("--sigstore-identity", metavar="ID",
+                     help="Verify a Sigstore signature made by this identity."),
+        click.option("--sigstore-issuer", metavar="URL", help="... from this OIDC issuer."),
+    ]):
+        command = option(command)
+    return command
+
+
 def _part(ctx: click.Context, param: click.Parameter, value: str | None
           ) -> tuple[int, int] | None:
     if value is None:
@@ -390,6 +448,14 @@ def cli(remote_timeout: str | None, connections: int | None) -> None:
 @click.option("--create-pr", is_flag=True,
               help="An hf:// DST: open a pull request with the files (as the hub's conversion "
                    "bot does) instead of committing to the branch.")
+@click.option("--sign", "sign_key", type=click.Path(path_type=Path), metavar="PEM",
+              help="Sign the output's weights attestation with this private key (beside it: "
+                   "DST.weights.sig, or model.weights.sig in a folder DST), recording the "
+                   "source's digest and files, the options and the tool (verify --chain).")
+@click.option("--sign-certificate", type=click.Path(path_type=Path), metavar="PEM",
+              help="With --sign: the key's signing certificate.")
+@click.option("--sign-chain", multiple=True, type=click.Path(path_type=Path), metavar="PEM",
+              help="With --sign-certificate: the certificates up to the root. Repeatable.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("normalize")
 @click.pass_context
@@ -399,7 +465,8 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
               trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
               verify: bool, manifest_path: Path | None, jobs: int | None,
               part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
-              create_pr: bool, quiet: bool, report_format: str) -> None:
+              create_pr: bool, sign_key: Path | None, sign_certificate: Path | None,
+              sign_chain: tuple[Path, ...], quiet: bool, report_format: str) -> None:
     """Read SRC, normalize it, write DST (.pth, .pt, .bin, .ckpt or .safetensors), verify it.
 
     SRC may also be a shard set (its *.index.json or the folder holding it), a DCP
@@ -412,10 +479,10 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     from .readers import is_checkpoint_folder
     if src.is_dir() and not is_checkpoint_folder(src):
         if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
-                or hash_name or tag is not None:
+                or hash_name or tag is not None or sign_key is not None:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size, --dcp-key, --hash-name and --tag apply "
-                                   "to one SRC")
+                                   "--max-shard-size, --dcp-key, --hash-name, --tag and --sign "
+                                   "apply to one SRC")
         from .commands.normalize import FolderOptions, normalize_folder
 
         with _progress(quiet) as progress:
@@ -430,6 +497,14 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
+    signing_key = None
+    if sign_key is not None:
+        from .signing import SigningKey
+
+        signing_key = SigningKey(sign_key, sign_certificate, sign_chain,
+                                 os.environ.get("CKPTPORT_KEY_PASSWORD"))
+    elif sign_certificate is not None or sign_chain:
+        raise click.UsageError("--sign-certificate and --sign-chain go with --sign PEM")
     with _progress(quiet) as progress:
         progress(f"reading {src}", 0)  # before the imports: torch costs a second
         from .commands.normalize import normalize_file
@@ -439,7 +514,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
                                 trust=trust, max_shard_size=max_shard_size, dcp_key=dcp_key,
                                 manifest=manifest_path, jobs=jobs, metadata=metadata,
                                 hash_name=hash_name, create_pr=create_pr,
-                                max_expansion=max_expansion, tag=tag,
+                                max_expansion=max_expansion, tag=tag, sign=signing_key,
                                 progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
@@ -586,6 +661,10 @@ def _codes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
               help="Absolute tolerance for --against.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Relative tolerance for --against.")
+@click.option("--verify-signature", type=click.Path(path_type=Path), metavar="FILE",
+              help="Fail where the weights are not those the weights attestation FILE (or "
+                   "the one beside the OMS signature FILE) signs (CKP015).")
+@_trusted_keys
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_report_format("check")
 @click.pass_context
@@ -593,7 +672,8 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
                   ignore_codes: list[str], options: NormalizeOptions,
                   max_expansion: float | None, tag: str | None, finite: str | None,
                   require_format: tuple[str, ...], against: Path | None,
-                  against_manifest: Path | None, atol: float, rtol: float, quiet: bool,
+                  against_manifest: Path | None, atol: float, rtol: float,
+                  verify_signature: Path | None, trusted: Any, quiet: bool,
                   report_format: str) -> None:
     """Gate exported checkpoints in CI: run the codes on every PATH (folders are searched
     for every file a loader could open) and report findings with stable codes.
@@ -601,72 +681,16 @@ def check_command(ctx: click.Context, paths: tuple[Path, ...], codes: list[str],
     Exit 0 pass, 1 findings, 2 unreadable input. Nothing in a file ever runs.
     """
     from .commands.check import check
-    with _progress(quiet or not (finite or against or against_manifest)) as progress:
+    with _progress(quiet or not (finite or against or against_manifest or verify_signature)
+                   ) as progress:
         report = check(paths, codes=codes, ignore=ignore_codes, finite=finite,
                        require_format=require_format, against=against,
                        against_manifest=against_manifest, atol=atol, rtol=rtol,
                        options=options, max_expansion=max_expansion, tag=tag,
+                       verify_signature=verify_signature, trusted=trusted,
                        progress=progress)
     click.echo(formatter(report_format).check(report))
     ctx.exit(report.exit_code)
-
-
-def _signing_key(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that say how to sign (``sign``, ``normalize --sign``), as one ``key``."""
-
-    @functools.wraps(func)
-    def command(*args: Any, key: Path | None, certificate: Path | None,
-                certificate_chain: tuple[Path, ...], sigstore: bool,
-                identity_token: str | None, **kwargs: Any) -> Any:
-        from .signing import SigningKey
-
-        made = None if key is None and not sigstore else SigningKey(
-            key, certificate, certificate_chain, os.environ.get("CKPTPORT_KEY_PASSWORD"),
-            sigstore, identity_token)
-        return func(*args, signing_key=made, **kwargs)
-
-    for option in reversed([
-        click.option("--certificate", type=click.Path(path_type=Path), metavar="PEM",
-                     help="The signing certificate of --key (then the bundle carries it)."),
-        click.option("--certificate-chain", multiple=True, type=click.Path(path_type=Path),
-                     metavar="PEM", help="Certificates from the signing one to the root. "
-                     "Repeatable."),
-        click.option("--sigstore", is_flag=True,
-                     help="Sign keyless with Sigstore (OIDC identity; needs the network)."),
-        click.option("--identity-token", metavar="TOKEN",
-                     help="With --sigstore: this OIDC token, not ambient credentials."),
-    ]):
-        command = option(command)
-    return command
-
-
-def _trusted_keys(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that say what a signature must verify with, as one ``trusted``."""
-
-    @functools.wraps(func)
-    def command(*args: Any, public_key: tuple[Path, ...], roots: tuple[Path, ...],
-                sigstore_identity: str | None, sigstore_issuer: str | None,
-                **kwargs: Any) -> Any:
-        from .signing import TrustedKeys
-
-        made = None if not (public_key or roots or sigstore_identity or sigstore_issuer) \
-            else TrustedKeys(public_key, roots, sigstore_identity, sigstore_issuer)
-        return func(*args, trusted=made, **kwargs)
-
-    for option in reversed([
-        click.option("--public-key", multiple=True, type=click.Path(path_type=Path),
-                     metavar="PEM", help="A public key the signature may verify with. "
-                     "Repeatable."),
-        click.option("--certificate-chain", "roots", multiple=True,
-                     type=click.Path(path_type=Path), metavar="PEM",
-                     help="Trusted certificates (roots, intermediates) the bundle's signing "
-                          "certificate must chain to. Repeatable."),
-        click.option("--sigstore-identity", metavar="ID",
-                     help="Verify a Sigstore signature made by this identity."),
-        click.option("--sigstore-issuer", metavar="URL", help="... from this OIDC issuer."),
-    ]):
-        command = option(command)
-    return command
 
 
 @cli.command("sign")
@@ -681,6 +705,8 @@ def _trusted_keys(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--file-hash", type=click.Choice(["sha256", "blake3"]), default="sha256",
               show_default=True, help="How the OMS signature hashes the files (the "
               "model_signing CLI verifies sha256 only; blake3 hashes on every core).")
+@click.option("--weights-only", is_flag=True,
+              help="Write the weights attestation only (no OMS signature over the files).")
 @click.option("--overwrite", is_flag=True, help="Replace the signature files if they exist.")
 @click.option("--trust", is_flag=True, help=(
               "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
@@ -688,8 +714,8 @@ def _trusted_keys(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def sign_command(src: Path, signing_key: Any, options: NormalizeOptions,
                  max_expansion: float | None, tag: str | None, output: Path | None,
-                 file_hash: str, overwrite: bool, trust: bool, jobs: int | None,
-                 quiet: bool) -> None:
+                 file_hash: str, weights_only: bool, overwrite: bool, trust: bool,
+                 jobs: int | None, quiet: bool) -> None:
     """Sign SRC: an OMS signature over its files (model_signing verifies it) and a weights
     attestation over its weights digest, which still verifies after any conversion."""
     from .signing import sign
@@ -698,7 +724,8 @@ def sign_command(src: Path, signing_key: Any, options: NormalizeOptions,
         raise click.UsageError("sign with --key PEM or --sigstore")
     with _progress(quiet) as progress:
         report = sign(src, signing_key, output=output, options=options, file_hash=file_hash,
-                      overwrite=overwrite, jobs=jobs, trust=trust, max_expansion=max_expansion,
+                      weights_only=weights_only, overwrite=overwrite, jobs=jobs, trust=trust,
+                      max_expansion=max_expansion,
                       tag=tag, progress=progress)
     click.echo("\n".join(report.lines()))
 
@@ -709,6 +736,13 @@ def sign_command(src: Path, signing_key: Any, options: NormalizeOptions,
               metavar="FILE", help="An OMS signature or weights attestation (the attestation "
               "beside an OMS signature is read too). Default: the ones sign writes.")
 @_trusted_keys
+@click.option("--chain", type=LOCATION, metavar="SOURCE",
+              help="SRC was made by normalize --sign from SOURCE: check SOURCE against "
+                   "--signature, SRC against its own attestation, and that the recorded "
+                   "options make SRC's tensors of SOURCE's, bit for bit.")
+@click.option("--output-signature", "output_signatures", multiple=True,
+              type=click.Path(path_type=Path), metavar="FILE",
+              help="With --chain: SRC's weights attestation (default: the one beside it).")
 @click.option("--trust", is_flag=True, help=(
               "Unpickle with full Python: runs code from the file. Only for files you vouch for."))
 @click.option("--tag", metavar="NAME", help="A DeepSpeed save folder's tag.")
@@ -716,18 +750,23 @@ def sign_command(src: Path, signing_key: Any, options: NormalizeOptions,
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.pass_context
 def verify_command(ctx: click.Context, src: Path, signatures: tuple[Path, ...], trusted: Any,
-                   trust: bool, tag: str | None, jobs: int | None, quiet: bool) -> None:
+                   chain: Path | None, output_signatures: tuple[Path, ...], trust: bool,
+                   tag: str | None, jobs: int | None, quiet: bool) -> None:
     """Check SRC against its signatures: exit 0 when its files match the OMS signature or
     its weights (in whatever container SRC now is) match the weights attestation, 1 with
     what differs, 2 for a bad signature, key or certificate."""
-    from .signing import verify
+    from .signing import verify, verify_chain
 
     if trusted is None:
         raise click.UsageError("verify with --public-key, --certificate-chain or "
                                "--sigstore-identity/--sigstore-issuer")
+    if output_signatures and chain is None:
+        raise click.UsageError("--output-signature goes with --chain SOURCE")
     with _progress(quiet) as progress:
         report = verify(src, trusted, signatures=signatures, jobs=jobs, trust=trust, tag=tag,
-                        progress=progress)
+                        progress=progress) if chain is None else verify_chain(
+            src, chain, trusted, signatures=signatures, output_signatures=output_signatures,
+            jobs=jobs, trust=trust, tag=tag, progress=progress)
     click.echo("\n".join(report.lines()))
     ctx.exit(report.exit_code)
 

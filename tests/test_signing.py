@@ -362,3 +362,81 @@ def test_verify_from_python(signed, pki):
     report = verify(signed["key"], TrustedKeys(public_keys=(pki["pub"],)))
     assert report.exit_code == 0 and report.files is not None and report.files.same
     assert report.attestation is not None and report.weights is not None
+
+
+@pytest.fixture(scope="session")
+def chained(signed, pki, tmp_path_factory) -> dict[str, Path]:
+    """The signed release converted by normalize --sign: renamed and cast, to .pth; and a
+    second release it was not made from."""
+    folder = tmp_path_factory.mktemp("chained")
+    recipe = folder / "recipe.json"
+    recipe.write_text(json.dumps({"steps": [{"rename": ["^embed\\.", "tok."]}]}))
+    out = folder / "out.pth"
+    report = ckptport.normalize_file(
+        signed["key"], out, ckptport.NormalizeOptions(dtype="bfloat16", recipe=recipe),
+        sign=_key(pki))
+    assert report.attestation == folder / "out.pth.weights.sig"
+    return {"out": out, "recipe": recipe, "folder": folder}
+
+
+def test_normalize_sign_records_the_derivation(chained, pki, signed):
+    from ckptport.signing.bundles import open_statement
+
+    statement = open_statement(chained["out"].with_name("out.pth.weights.sig"),
+                               TrustedKeys(public_keys=(pki["pub"],))).statement
+    derivation = statement["predicate"]["derivation"]
+    source = verify(signed["key"], TrustedKeys(public_keys=(pki["pub"],)))
+    assert derivation["source"]["digest"] == source.attestation.manifest.digest
+    assert [f["name"] for f in derivation["source"]["files"]] == ["model.safetensors"]
+    assert derivation["options"]["dtype"] == "bfloat16"
+    assert derivation["recipe_sha256"] == ckptport.NormalizeOptions(
+        recipe=chained["recipe"]).loaded_recipe.sha256
+    assert derivation["tool"].startswith("ckptport ")
+
+
+def test_verify_chain_re_derives_the_output(chained, signed, pki, run, tmp_path):
+    result = run("verify", chained["out"], "--chain", signed["key"], "--public-key", pki["pub"])
+    assert result.exit_code == 0, result.output
+    assert "re-derived: the 3 tensors are what the recorded options make" in result.stdout
+    assert "tok.weight" not in result.stdout  # nothing differs
+    # an output made otherwise, carrying the attestation of the one that was re-derived
+    ckptport.normalize_file(signed["key"], tmp_path / "other.pth",
+                            ckptport.NormalizeOptions(dtype="float16"))
+    result = run("verify", tmp_path / "other.pth", "--chain", signed["key"], "--public-key",
+                 pki["pub"], "--output-signature", chained["out"].with_name(
+                     "out.pth.weights.sig"))
+    assert result.exit_code == 1 and "different norm.weight: dtype float16" in result.stdout
+    assert "missing tok.weight" in result.stdout and "extra embed.weight" in result.stdout
+
+
+def test_verify_chain_needs_the_output_made_from_this_source(chained, models, pki, run,
+                                                             tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(models["other"].read_bytes())
+    sign(other, _key(pki))
+    result = run("verify", chained["out"], "--chain", other, "--public-key", pki["pub"])
+    assert result.exit_code == 1
+    assert "link: the output's derivation records the source" in result.stdout
+    unsigned = tmp_path / "plain.pth"
+    ckptport.normalize_file(other / "model.safetensors", unsigned)
+    sign(unsigned, _key(pki))
+    result = run("verify", unsigned, "--chain", other, "--public-key", pki["pub"])
+    assert result.exit_code == 2 and "records no derivation" in result.stderr
+
+
+def test_check_gates_on_the_signed_weights(signed, models, chained, pki, run, tmp_path):
+    converted = tmp_path / "model.pth"
+    ckptport.normalize_file(signed["key"], converted)
+    result = run("check", converted, "--verify-signature", signed["key"] / "model.sig",
+                 "--public-key", pki["pub"], "--format", "json")
+    assert result.exit_code == 0, result.output
+    result = run("check", models["other"], chained["out"], "--verify-signature",
+                 signed["key"] / "model.weights.sig", "--public-key", pki["pub"],
+                 "--codes", "CKP015")
+    assert result.exit_code == 1
+    assert "CKP015 [error] norm.weight: content changed" in result.stdout
+    assert "CKP015 [error] embed.weight: missing" in result.stdout  # renamed in out.pth
+    wrong = run("check", converted, "--verify-signature", signed["key"] / "model.sig",
+                "--public-key", pki["other-pub"])
+    assert wrong.exit_code == 2 and "Key mismatch" in wrong.stderr

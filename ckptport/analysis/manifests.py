@@ -51,7 +51,8 @@ from .ties import TIE_BY, TieBy, canonical_ties, declared_ties
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
            "build_manifest", "load_manifest", "manifest_from_json", "write_manifest", "is_manifest",
            "compare_manifests", "against_manifest", "WrittenDigests", "options_of",
-           "manifest_options", "tied_elsewhere", "weights_digest", "unproven_alias"]
+           "manifest_options", "tied_elsewhere", "weights_digest", "unproven_alias",
+           "options_from_json"]
 
 SCHEMA = "ckptport.manifest"
 VERSION = 2  # 2: a tie is one line of the digest (1: every name was)
@@ -394,7 +395,12 @@ class _Fields:
 
 def manifest_options(made: Manifest) -> NormalizeOptions:
     """The normalize options a manifest was made with (to make the artifact's alike)."""
-    raw = dict(made.options)
+    return options_from_json(made.options)
+
+
+def options_from_json(recorded: Mapping[str, Any]) -> NormalizeOptions:
+    """Normalize options as ``options_of`` records them (a manifest's, a derivation's)."""
+    raw = dict(recorded)
     known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype", "subtree", "keep",
              "drop", "rename", "map", "dequantize"}
     unknown = set(raw) - known

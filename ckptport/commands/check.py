@@ -78,6 +78,7 @@ class CheckSettings:
     progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
     max_expansion: float = 2.0  # readers.budget's ratio
     tag: str | None = None  # a DeepSpeed save folder's tag (None: follow ``latest``)
+    attestation: Any = None  # --verify-signature: the signed weights attestation, verified
 
 
 @dataclass(frozen=True)
@@ -246,15 +247,29 @@ def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
         return ()
     from ..analysis.manifests import against_manifest
 
-    found = against_manifest(file.checkpoint, file.settings.manifest,
-                             progress=file.settings.progress)
-    hits = [(name, "missing (the manifest lists it)") for name in found.missing]
-    hits += [(name, "unexpected (the manifest does not list it)") for name in found.unexpected]
+    return _listed_hits(against_manifest(file.checkpoint, file.settings.manifest,
+                                         progress=file.settings.progress), "the manifest")
+
+
+def _against_signature(file: FileUnderCheck) -> Iterable[Hit]:
+    if not file.values_readable:
+        return ()
+    from ..analysis.manifests import against_manifest
+
+    return _listed_hits(against_manifest(file.checkpoint, file.settings.attestation.manifest,
+                                         progress=file.settings.progress),
+                        "the signed attestation")
+
+
+def _listed_hits(found: Any, what: str) -> list[Hit]:
+    """A ``ManifestComparison`` as findings: each tensor missing, unexpected or changed."""
+    hits = [(name, f"missing ({what} lists it)") for name in found.missing]
+    hits += [(name, f"unexpected ({what} does not list it)") for name in found.unexpected]
     for want, have in found.changed:
-        hits.append((want.name, f"{have.dtype}{list(have.shape)}, the manifest says "
+        hits.append((want.name, f"{have.dtype}{list(have.shape)}, {what} says "
                                 f"{want.dtype}{list(want.shape)}"
                      if (want.dtype, want.shape) != (have.dtype, have.shape) else
-                     f"content changed (sha256 {have.sha256[:12]}…, the manifest says "
+                     f"content changed (sha256 {have.sha256[:12]}…, {what} says "
                      f"{want.sha256[:12]}…)"))
     return sorted(hits)
 
@@ -357,6 +372,13 @@ CODES = {rule.code: rule for rule in (
               "file (a disk-filling or memory bomb)",
               "re-export the tensors compact; --max-expansion RATIO if the file is yours",
               _expansion),
+    CheckCode("CKP015", "not-the-signed-weights", Severity.ERROR,
+              "tensors missing, unexpected, or with another dtype, shape or content than the "
+              "weights attestation --verify-signature FILE signs (its signature checked with "
+              "--public-key or --certificate-chain; a bad one is exit 2)",
+              "the artifact does not hold the weights that were signed, in any container",
+              "ship the signed weights (ckptport normalize keeps them), or sign the new ones",
+              _against_signature, lambda settings: settings.attestation is not None),
 )}
 
 
@@ -405,6 +427,8 @@ def check(
     options: NormalizeOptions | None = None,
     max_expansion: float | None = None,
     tag: str | None = None,
+    verify_signature: str | os.PathLike[str] | None = None,
+    trusted: Any = None,
     progress: Progress = no_progress,
 ) -> CheckReport:
     """Run the codes on every file (folders searched for every file a loader could open).
@@ -422,14 +446,17 @@ def check(
         options: how both sides are normalized for ``against`` and the weights picked.
         max_expansion: ``readers.budget``'s ratio for CKP014 (default 2).
         tag: a DeepSpeed save folder's tag to check (default: the one ``latest`` names).
+        verify_signature: a weights attestation (or the OMS signature it lies beside) the
+            files' weights must be (CKP015), its signature verified with ``trusted``
+            (``signing.TrustedKeys``).
 
     Returns:
         A ``CheckReport``: findings per file, files skipped, and the exit code.
 
     Raises:
         OptionError: an unknown code or finite scope.
-        CkptportError: the reference or manifest cannot be read (a checked file that
-            cannot be read is a CKP008 finding, not an error).
+        CkptportError: the reference, manifest or signature cannot be read or does not
+            verify (a checked file that cannot be read is a CKP008 finding, not an error).
     """
     if options is not None and options.select.upper() in CODES:  # meant --codes
         raise OptionError(f"--select {options.select} names a check code: --codes "
@@ -444,7 +471,8 @@ def check(
                              options or NormalizeOptions(), Tolerance(atol, rtol), progress,
                              ratio_of(max_expansion), tag)
     wanted = replace(settings, reference=_PLANNED if against is not None else None,
-                     manifest=_PLANNED if against_manifest is not None else None)
+                     manifest=_PLANNED if against_manifest is not None else None,
+                     attestation=_PLANNED if verify_signature is not None else None)
     chosen = _codes(codes, ignore, wanted)
     found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     tag_somewhere([*found, against], tag)
@@ -455,6 +483,14 @@ def check(
         from ..analysis.manifests import load_manifest
 
         settings = replace(settings, manifest=load_manifest(against_manifest))
+    if verify_signature is not None and "CKP015" in chosen:
+        from ..signing import signed_weights
+
+        if trusted is None:
+            raise OptionError("--verify-signature needs the key or chain it must verify with "
+                              "(--public-key, --certificate-chain)")
+        settings = replace(settings, attestation=signed_weights(Path(verify_signature),
+                                                                trusted))
     files = tuple(_check_file(path, chosen, settings) for path in found)
     return CheckReport(files, chosen, tuple(skipped))
 

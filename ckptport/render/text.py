@@ -83,6 +83,9 @@ class TextFormatter:
             lines += _rule_lines(result)
         if report.map_sha256:
             lines.append(f"  map: recipe sha256 {report.map_sha256}")
+        if report.attestation is not None:
+            lines.append(f"  signed: {report.attestation}, weights attestation of sha256:"
+                         f"{report.digest}")
         if report.metadata_kept:
             lines.append(f"  metadata: carried the source's {', '.join(report.metadata_kept)}")
         lines += [f"  note: {note}" for note in (*src.notes, *out.notes)]

@@ -41,13 +41,14 @@ from ..errors import OptionError, OutputExistsError, SignatureError
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from .attestation import WEIGHTS_PREDICATE, Attestation, read_attestation, weights_predicate
-from .bundles import OMS_PREDICATE, SignedStatement, open_statement, sign_statement
+from .bundles import OMS_PREDICATE, SignedStatement, open_statement, sign_statement, signed_bundle
 from .files import FILE_HASHES, FilesComparison, compare_files, files_payload
 from .keys import SigningKey, TrustedKeys
 
 __all__ = ["sign", "verify", "SignReport", "VerifyReport", "SigningKey", "TrustedKeys",
            "signature_paths", "attestation_path", "FILE_HASHES", "WEIGHTS_PREDICATE",
-           "OMS_PREDICATE", "Attestation", "FilesComparison", "sign_weights"]
+           "OMS_PREDICATE", "Attestation", "FilesComparison", "sign_weights", "derivation_of",
+           "verify_chain", "ChainReport", "signed_weights"]
 
 FOLDER_SIGNATURE = "model.sig"
 
@@ -58,14 +59,16 @@ def attestation_path(signature: Path) -> Path:
     return signature.with_name(f"{stem}.weights.sig")
 
 
-def signature_paths(model: Any, output: Path | None = None) -> tuple[Path, Path]:
-    """(OMS signature, weights attestation) for ``model``: beside a file, in a folder."""
+def signature_paths(model: Any, output: Path | None = None, *,
+                    folder: bool | None = None) -> tuple[Path, Path]:
+    """(OMS signature, weights attestation) for ``model``: beside a file, in a folder
+    (``folder`` says which for a model not written yet)."""
     if output is None:
         if not isinstance(model, Path):
             raise OptionError("a remote source's signature has no place beside it: name the "
                               "file (-o FILE / --signature FILE)")
-        output = model / FOLDER_SIGNATURE if model.is_dir() else \
-            model.with_name(model.name + ".sig")
+        inside = model.is_dir() if folder is None else folder
+        output = model / FOLDER_SIGNATURE if inside else model.with_name(model.name + ".sig")
     return output, attestation_path(output)
 
 
@@ -119,8 +122,8 @@ def _publish(texts: dict[Path, str], overwrite: bool) -> None:
 
 def sign(src: Any, key: SigningKey, *, output: Path | None = None,
          options: NormalizeOptions | None = None, file_hash: str = "sha256",
-         overwrite: bool = False, jobs: int | None = None, trust: bool = False,
-         max_expansion: float | None = None, tag: str | None = None,
+         weights_only: bool = False, overwrite: bool = False, jobs: int | None = None,
+         trust: bool = False, max_expansion: float | None = None, tag: str | None = None,
          progress: Progress = no_progress) -> SignReport:
     """Sign ``src``'s files (OMS) and its weights (the attestation).
 
@@ -131,6 +134,7 @@ def sign(src: Any, key: SigningKey, *, output: Path | None = None,
         options: which weights the digest covers (as ``ckptport manifest``).
         file_hash: ``sha256`` (default: what the ``model_signing`` CLI verifies) or
             ``blake3`` (on every core; its Python API verifies it).
+        weights_only: write the weights attestation only (no pass over the files).
 
     Raises:
         CkptportError: unreadable source, unusable key, existing output.
@@ -142,13 +146,14 @@ def sign(src: Any, key: SigningKey, *, output: Path | None = None,
         raise OptionError(f"--file-hash is {file_hash!r}, not one of {', '.join(FILE_HASHES)}")
     remote = is_remote(src)
     oms, attested = signature_paths(src if remote else Path(src), output)
-    for path in ((attested,) if remote else (oms, attested)):
+    files_too = not (remote or weights_only)
+    for path in ((oms, attested) if files_too else (attested,)):
         if path.exists() and not overwrite:
             raise OutputExistsError("exists; pass --overwrite to replace it", path)
     signer = key.signer()  # one signer for both: Sigstore asks for one identity
     options = options or NormalizeOptions()
     with ThreadPoolExecutor(1) as pool:
-        payload = None if remote else pool.submit(
+        payload = None if not files_too else pool.submit(
             files_payload, Path(src), _ignored(Path(src), (oms, attested)), file_hash)
         checkpoint = open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
         made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
@@ -156,22 +161,44 @@ def sign(src: Any, key: SigningKey, *, output: Path | None = None,
     texts = {attested: sign_statement(key, _name(src), made.digest, WEIGHTS_PREDICATE,
                                       weights_predicate(made), signer)}
     if files is not None:
-        texts[oms] = str(signer.sign(files).bundle.to_json())
+        texts[oms] = signed_bundle(signer, files)
     _publish(texts, overwrite)
     notes = ("a remote source's files are not downloaded: its weights are signed, not its "
              "files",) if remote else ()
-    return SignReport(None if remote else oms, attested, made.digest,
+    return SignReport(oms if files_too else None, attested, made.digest,
                       0 if files is None else len(files.statement.pb.predicate["resources"]),
                       len(made.tensors), notes + made.notes())
 
 
 def sign_weights(made: Manifest, key: SigningKey, path: Path, subject: str,
-                 derivation: dict[str, Any], overwrite: bool) -> Path:
+                 derivation: dict[str, Any], *, overwrite: bool, signer: Any = None) -> Path:
     """Sign an already made manifest (``normalize --sign``: the output's, hashed as it was
     written) with its ``derivation``, to ``path``."""
     _publish({path: sign_statement(key, subject, made.digest, WEIGHTS_PREDICATE,
-                                   weights_predicate(made, derivation))}, overwrite)
+                                   weights_predicate(made, derivation), signer)}, overwrite)
     return path
+
+
+def derivation_of(source: Checkpoint, options: NormalizeOptions, *,
+                  jobs: int | None = None) -> dict[str, Any]:
+    """What ``normalize --sign`` records of how its output was made: the source's weights
+    digest (default options: what its own attestation signs) and files (sha256 each), the
+    options and recipe applied, the tool."""
+    from .._version import __version__
+    from ..analysis.manifests import options_of
+    from ..sources import sha256_files
+
+    facts = source.source
+    root = facts.path if isinstance(facts.path, Path) and facts.path.is_dir() else None
+    files = [{"name": str(path.relative_to(root)) if root else _name(path),
+              "sha256": sha256_files((path,))} for path in facts.files]
+    recipe = options.loaded_recipe
+    return {"source": {"name": _name(facts.path),
+                       "digest": manifest_of(source, NormalizeOptions(), jobs=jobs).digest,
+                       "files": files},
+            "options": options_of(options),
+            "recipe_sha256": recipe.sha256 if recipe else "",
+            "tool": f"ckptport {__version__}"}
 
 
 def _name(src: Any) -> str:
@@ -251,6 +278,18 @@ def _statements(src: Any, signatures: tuple[Path, ...], trusted: TrustedKeys,
     return [open_statement(path, trusted) for path in listed]
 
 
+def signed_weights(signature: Path, trusted: TrustedKeys) -> Attestation:
+    """The verified weights attestation ``signature`` is (or lies beside, for an OMS
+    signature): what ``check --verify-signature`` gates on."""
+    weights = [read_attestation(s) for s in _statements(None, (signature,), trusted, False)
+               if s.predicate_type != OMS_PREDICATE]
+    if not weights:
+        raise SignatureError("holds no weights attestation, and none lies beside it "
+                             f"({attestation_path(signature).name}): ckptport sign writes one",
+                             signature)
+    return weights[0]
+
+
 def verify(src: Any, trusted: TrustedKeys, *, signatures: tuple[Path, ...] = (),
            jobs: int | None = None, trust: bool = False, max_expansion: float | None = None,
            tag: str | None = None, checkpoint: Checkpoint | None = None,
@@ -294,3 +333,81 @@ def verify(src: Any, trusted: TrustedKeys, *, signatures: tuple[Path, ...] = (),
         notes.append("the files are not the signed files (another container or layout?) but "
                      "the weights are the signed weights")
     return VerifyReport(src, compared, comparison, attestation, tuple(notes))
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    """``verify OUT --chain SRC``: the signed source, the output against its own
+    attestation, the link between them, and the output re-derived from the source."""
+
+    source: VerifyReport
+    output: VerifyReport
+    recorded: str  # the source digest the output's derivation records
+    actual: str  # the source's weights digest (default options)
+    rederived: ManifestComparison
+
+    @property
+    def linked(self) -> bool:
+        return self.recorded == self.actual
+
+    @property
+    def exit_code(self) -> int:
+        same = self.linked and _weights_same(self.rederived)
+        return 0 if self.source.exit_code == self.output.exit_code == 0 and same else 1
+
+    def lines(self) -> list[str]:
+        made = [f"{self.output.path}: chain from {self.source.path} "
+                + ("verified" if self.exit_code == 0 else "NOT verified")]
+        made += [f"  source {line}" for line in self.source.lines()]
+        made += [f"  output {line}" for line in self.output.lines()]
+        if not self.linked:
+            made.append(f"  link: the output's derivation records the source sha256:"
+                        f"{self.recorded}, the source's weights are sha256:{self.actual}")
+        r = self.rederived
+        if _weights_same(r):
+            made.append(f"  re-derived: the {r.compared} tensors are what the recorded options "
+                        "make of the source, bit for bit")
+        else:
+            made.append("  re-derived: the output is not what the recorded options make of "
+                        "the source:")
+            made += [f"    missing {n}" for n in r.missing]
+            made += [f"    extra {n}" for n in r.unexpected]
+            made += [f"    different {e.name}: {_what(e, g)}" for e, g in r.changed]
+        return made
+
+
+def verify_chain(output: Any, source: Any, trusted: TrustedKeys, *,
+                 signatures: tuple[Path, ...] = (), output_signatures: tuple[Path, ...] = (),
+                 jobs: int | None = None, trust: bool = False,
+                 max_expansion: float | None = None, tag: str | None = None,
+                 progress: Progress = no_progress) -> ChainReport:
+    """``output`` (signed by ``normalize --sign``) against ``source``'s signature: the source
+    is the signed one, the output's attestation is valid and names the source's digest, and
+    normalizing the source with the recorded options gives the output's tensors again."""
+    from ..analysis.manifests import options_from_json
+    from ..readers import open_checkpoint
+
+    read = open_checkpoint(source, trust=trust, max_expansion=max_expansion, tag=tag)
+    signed = verify(source, trusted, signatures=signatures, jobs=jobs, checkpoint=read,
+                    progress=progress)
+    if signed.attestation is None:
+        raise SignatureError("--chain needs the source's weights attestation (ckptport sign "
+                             "writes it beside the OMS signature)", str(source))
+    made = verify(output, trusted, signatures=output_signatures, jobs=jobs, trust=trust,
+                  max_expansion=max_expansion, progress=progress)
+    if made.attestation is None or made.attestation.derivation is None:
+        raise SignatureError("the output's weights attestation records no derivation (made "
+                             "by normalize --sign)", str(output))
+    derivation = made.attestation.derivation
+    try:
+        options = options_from_json(derivation.get("options", {}))
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"the derivation's options: {exc}", made.attestation.path) \
+            from None
+    default = NormalizeOptions()
+    actual = signed.attestation.manifest.digest \
+        if manifest_options(signed.attestation.manifest) == default \
+        else manifest_of(read, default, jobs=jobs, progress=progress).digest
+    again = manifest_of(read, options, jobs=jobs, progress=progress)
+    return ChainReport(signed, made, str(derivation["source"].get("digest")), actual,
+                       compare_manifests(again, made.attestation.manifest))

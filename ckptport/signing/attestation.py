@@ -28,9 +28,9 @@ __all__ = ["WEIGHTS_PREDICATE", "Attestation", "weights_predicate", "read_attest
 
 WEIGHTS_PREDICATE = "https://ckptport/weights/v1"
 _FIELDS = {"schema", "version", "ckptport", "options", "digest", "tensor_count",
-           "total_bytes", "tensors", "derivation"}
+           "total_bytes", "tensors", "quantization", "made_with", "derivation"}
 _TENSOR_FIELDS = {"name", "dtype", "shape", "nbytes", "sha256", "tied", "alias_of", "tie_by"}
-_DERIVATION_FIELDS = {"source", "options", "recipe_sha256", "tool", "tolerance"}
+_DERIVATION_FIELDS = {"source", "options", "recipe_sha256", "tool"}
 _SOURCE_FIELDS = {"name", "digest", "files"}
 _EXACT = 1 << 53  # the integers a JSON double holds exactly
 

@@ -19,8 +19,8 @@ from typing import Any
 from ..errors import SignatureError
 from .keys import SigningKey, TrustedKeys, cause, library
 
-__all__ = ["SignedStatement", "open_statement", "sign_statement", "IN_TOTO_STATEMENT",
-           "OMS_PREDICATE"]
+__all__ = ["SignedStatement", "open_statement", "sign_statement", "signed_bundle",
+           "IN_TOTO_STATEMENT", "OMS_PREDICATE"]
 
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
 IN_TOTO_PAYLOAD = "application/vnd.in-toto+json"
@@ -58,8 +58,16 @@ def sign_statement(key: SigningKey, subject_name: str, digest: str, predicate_ty
         subjects=[statement.ResourceDescriptor(name=subject_name,
                                                digest={"sha256": digest}).pb],
         predicate_type=predicate_type, predicate=predicate)
-    signature = (signer or key.signer()).sign(_Statement(made))
-    return str(signature.bundle.to_json())
+    return signed_bundle(signer or key.signer(), _Statement(made))
+
+
+def signed_bundle(signer: Any, payload: Any) -> str:
+    """The bundle JSON of ``signer`` signing ``payload``; a failure (Sigstore's services out
+    of reach, a token refused) is a ``SignatureError`` naming the cause."""
+    try:
+        return str(signer.sign(payload).bundle.to_json())
+    except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
+        raise SignatureError(f"signing failed: {cause(exc)}") from None
 
 
 def open_statement(path: str | os.PathLike[str], trusted: TrustedKeys) -> SignedStatement:

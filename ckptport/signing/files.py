@@ -53,7 +53,8 @@ def files_payload(model: Path, ignored: Iterable[Path], algorithm: str) -> Any:
     with the git files, as ``model_signing sign`` leaves them out."""
     from model_signing import hashing
 
-    config = hashing.Config().use_file_serialization(hashing_algorithm=algorithm)
+    config = hashing.Config().use_file_serialization(
+        hashing_algorithm=algorithm)  # type: ignore[arg-type] (checked against FILE_HASHES)
     config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
     return library().signing.Payload(_hash(model, config))
 

@@ -84,9 +84,13 @@ class SigningKey:
     def signer(self) -> Any:
         lib = library()
         if self.sigstore:
-            return lib.sigstore.Signer(identity_token=self.identity_token,
-                                       use_staging=self.staging,
-                                       use_ambient_credentials=self.identity_token is None)
+            try:
+                return lib.sigstore.Signer(identity_token=self.identity_token,
+                                           use_staging=self.staging,
+                                           use_ambient_credentials=self.identity_token is None)
+            except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
+                raise SignatureError(f"Sigstore keyless signing is not available: "
+                                     f"{cause(exc)}") from None
         key = self.private_key
         assert key is not None
         where = key
@@ -133,9 +137,13 @@ class TrustedKeys:
         """(what it is, a ``model_signing`` verifier) for each trusted key or chain."""
         lib = library()
         if self.keyless:
-            yield (f"Sigstore identity {self.identity}",
-                   lib.sigstore.Verifier(identity=self.identity, oidc_issuer=self.issuer,
-                                         use_staging=self.staging))
+            try:
+                keyless = lib.sigstore.Verifier(identity=self.identity, oidc_issuer=self.issuer,
+                                                use_staging=self.staging)
+            except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
+                raise SignatureError(f"Sigstore verification is not available: "
+                                     f"{cause(exc)}") from None
+            yield f"Sigstore identity {self.identity}", keyless
             return
         if self.roots:
             _readable(*self.roots)

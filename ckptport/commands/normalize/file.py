@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...analysis.manifests import WrittenDigests, build_manifest, write_manifest
 from ...checkpoint import Format, SourceFacts
@@ -36,6 +37,9 @@ from ...writers.remote import (
     write_remote,
 )
 
+if TYPE_CHECKING:
+    from ...signing.keys import SigningKey
+
 __all__ = ["NormalizeReport", "normalize_file",
            "carried_metadata", "METADATA_CHOICES"]
 
@@ -51,6 +55,7 @@ class NormalizeReport:
     output: WriteResult
     manifest: Path | None = None  # --manifest: where the manifest of the output went
     digest: str | None = None  # its weights digest
+    attestation: Path | None = None  # --sign: the output's signed weights attestation
     metadata_kept: tuple[str, ...] = ()  # the source's own safetensors metadata keys carried
     map_sha256: str | None = None  # --map: the sha256 of the recipe file
 
@@ -135,6 +140,7 @@ def normalize_file(
     create_pr: bool = False,
     max_expansion: float | None = None,
     tag: str | None = None,
+    sign: SigningKey | None = None,
     progress: Progress = no_progress,
 ) -> NormalizeReport:
     """Read ``src``, normalize it, write ``dst`` atomically and verify it bit for bit.
@@ -166,6 +172,9 @@ def normalize_file(
             to the branch.
         max_expansion: the read budget's ratio (``readers.budget``).
         tag: a DeepSpeed save folder's tag (default: the one ``latest`` names).
+        sign: sign the output's weights attestation with this key (``signing``): its
+            derivation records the source's weights digest and files, the options, the
+            recipe's sha256 and the tool, for ``verify --chain``.
         progress: a ``Progress`` callback (the CLI's tqdm bars).
 
     Returns:
@@ -208,8 +217,11 @@ def normalize_file(
             raise InputError("changed while it was read; nothing was written, run again",
                              source.path)
 
+    signer = None if sign is None else sign.signer()  # a bad key fails before any write
+    attestation = None if sign is None else _attestation_path(dst, final_dst,
+                                                               destination.folder, overwrite)
     records = destination.format.metadata
-    digests = WrittenDigests() if manifest is not None else None
+    digests = WrittenDigests() if manifest is not None or sign is not None else None
     checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
     normalized = apply_rules(checkpoint, options, lazy=True)
     recipe = (options or NormalizeOptions()).loaded_recipe
@@ -231,7 +243,7 @@ def normalize_file(
         final = publish_hashed(Path(written.path), final_dst, overwrite)
         written = replace(written, path=final, files=(final,))
     made = None
-    if manifest is not None and digests is not None:
+    if digests is not None:
         # the manifest describes DST, which every step already made (selected, stripped,
         # renamed, cast): checking DST against it must apply none of them again
         given = options or NormalizeOptions()
@@ -242,8 +254,32 @@ def normalize_file(
         if recipe is not None:  # what made DST, as its metadata and the report record it
             made = replace(made, made_with={"map": {"path": recipe.path,
                                                     "sha256": recipe.sha256}})
-        write_manifest(made, manifest)
+        if manifest is not None:
+            write_manifest(made, manifest)
+    if sign is not None and made is not None and attestation is not None:
+        from ...signing import derivation_of, sign_weights
+
+        sign_weights(made, sign, attestation, Path(str(written.path)).name,
+                     derivation_of(checkpoint, options or NormalizeOptions(), jobs=jobs),
+                     overwrite=True, signer=signer)
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
-                           None if made is None else made.digest, tuple(carried),
-                           None if recipe is None else recipe.sha256)
+                           None if made is None else made.digest, attestation=attestation,
+                           metadata_kept=tuple(carried),
+                           map_sha256=None if recipe is None else recipe.sha256)
+
+
+def _attestation_path(dst: str | os.PathLike[str], final: Path, folder: bool,
+                      overwrite: bool) -> Path:
+    """Where ``normalize --sign`` puts the output's weights attestation (as ``sign`` would:
+    beside a file, in a folder), refused up front if it exists without ``overwrite``."""
+    from ...errors import OutputExistsError
+    from ...signing import signature_paths
+
+    if is_remote(os.fspath(dst)):
+        raise OutputError("--sign writes the attestation beside the output: a local one",
+                          os.fspath(dst))
+    path = signature_paths(final, folder=folder)[1]
+    if path.exists() and not overwrite:
+        raise OutputExistsError("exists; pass --overwrite to replace it", path)
+    return path
