@@ -402,3 +402,45 @@ def test_a_folder_of_checkpoints_is_listed_with_what_fits_the_command(fx, run, t
     assert "it holds a.pth, b.pth (2 entries)" in result.stderr
     assert f"Name a file in it (e.g. {tmp_path / 'a.pth'})" in result.stderr
     assert "to a folder DST" not in result.stderr
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested past the interpreter's recursion limit
+
+
+def _deep_files(folder: Path) -> dict[str, Path]:
+    """Every JSON a command parses from its input, nested 100,000 deep."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    body = header.encode()
+    model = folder / "hf"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(body)) + body + b"\0" * 4)
+    (model / "config.json").write_text('{"tie_word_embeddings": true, "x": ' + DEEP + "}")
+    deep_header = ('{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "x": '
+                   + DEEP + "}").encode()
+    (folder / "deep.safetensors").write_bytes(struct.pack("<Q", len(deep_header)) + deep_header
+                                              + b"\0" * 4)
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}, "x": ' + DEEP + "}")
+    (folder / "manifest.json").write_text('{"schema": ' + DEEP + "}")
+    (folder / "recipe.json").write_text('{"steps": ' + DEEP + "}")
+    return {"hf": model, "header": folder / "deep.safetensors",
+            "index": folder / "model.safetensors.index.json",
+            "manifest": folder / "manifest.json", "recipe": folder / "recipe.json"}
+
+
+def test_json_nested_past_the_recursion_limit_is_never_an_internal_error(run, tmp_path, fx):
+    """A config.json the model folder carries is ignored (it declares nothing readable);
+    a header, an index, a manifest or a recipe is refused in one line, exit 2."""
+    deep = _deep_files(tmp_path)
+    for args, code in [
+        (("inspect", deep["hf"]), 0), (("manifest", deep["hf"]), 0),
+        (("inspect", deep["header"]), 2), (("inspect", deep["index"]), 2),
+        (("check", fx["ddp_cuda3"], "--against-manifest", deep["manifest"]), 2),
+        (("diff", deep["manifest"], fx["ddp_cuda3"]), 2),
+        (("normalize", fx["ddp_cuda3"], tmp_path / "o.pth", "--map", deep["recipe"]), 2),
+    ]:
+        result = run(*args)
+        assert result.exit_code == code, (args, result.stderr)
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        if code == 2:
+            assert result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "o.pth").exists()

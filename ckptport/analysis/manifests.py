@@ -278,7 +278,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         doc = json.loads(text, parse_constant=_no_constant)
     except OSError as exc:
         raise InputError.from_os_error(exc, target) from None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"not a ckptport manifest: not JSON ({exc})", target) from None
     return manifest_from_json(doc, target)
 

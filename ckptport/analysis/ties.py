@@ -113,7 +113,7 @@ def declared_ties(path: object) -> bool | None:
         if not config.is_file() or config.stat().st_size > _MAX_CONFIG_BYTES:
             return None
         doc = json.loads(config.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # a config we cannot read declares nothing: the convention decides
     value = doc.get("tie_word_embeddings") if isinstance(doc, dict) else None
     return value if isinstance(value, bool) else None

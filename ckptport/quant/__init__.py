@@ -152,7 +152,7 @@ def config_of(path: Path | None) -> Mapping[str, Any] | None:
         if not config.is_file() or config.stat().st_size > _MAX_CONFIG:
             return None
         doc = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # not a model's config: the tensors alone decide
     found = doc.get("quantization_config") if isinstance(doc, dict) else None
     return found if isinstance(found, dict) else None

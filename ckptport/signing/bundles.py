@@ -103,7 +103,7 @@ def _statement(payload_type: str, payload: bytes, target: Path) -> dict[str, Any
                              target)
     try:
         doc = json.loads(payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise SignatureError(f"the signed statement is not JSON ({exc})", target) from None
     if not isinstance(doc, dict) or doc.get("_type") != IN_TOTO_STATEMENT:
         raise SignatureError(f"the signed payload is not an in-toto statement "

@@ -250,7 +250,7 @@ def _read_journals(dst: Path) -> dict[str, dict[str, Any]]:
         for line in lines:
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # a line cut by a crash: that output is redone
             if isinstance(entry, dict) and isinstance(entry.get("output"), str):
                 entries[entry["output"]] = entry
@@ -316,7 +316,7 @@ class _BucketOutputs:
         for name in sorted(store.below(f"{JOURNAL_DIR}/")):
             try:
                 entry = json.loads(store.get(name))
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(entry, dict) and isinstance(entry.get("output"), str):
                 entries[entry["output"]] = entry
