@@ -350,6 +350,14 @@ def test_a_remote_source_is_verified_by_its_tensors(pki, tmp_path, run):
         assert "not checked" in result.stdout and "weights: the 2 tensors match" in \
             result.stdout
         assert server.stats.bytes_sent < 1.5 * size  # the tensors once, and the header reads
+        server.reset()
+        remote_sig = tmp_path / "remote.sig"  # a remote source is signed by its weights only
+        signed_there = run("sign", url, "--key", pki["key"], "-o", remote_sig)
+        assert signed_there.exit_code == 0, signed_there.output
+        assert not remote_sig.exists() and "its weights are signed" in signed_there.stdout
+        assert server.stats.bytes_sent < 1.5 * size  # each tensor read once
+        assert run("verify", release, "--signature", tmp_path / "remote.weights.sig",
+                   "--public-key", pki["pub"]).exit_code == 0
         (release / "model.weights.sig").unlink()
         alone = run("verify", url, "--signature", release / "model.sig",
                     "--public-key", pki["pub"])
