@@ -293,6 +293,19 @@ def test_a_range_length_is_checked_before_its_body_is_read(server, fault, messag
         server.reset()
 
 
+def test_a_silent_hub_api_ends_on_time(hub, run):
+    """The revision lookup is huggingface_hub's own request: waited for until the deadline."""
+    hub.reset()
+    hub.faults["silent"] = -1
+    try:
+        result = run("--remote-timeout", "request=0.5", "inspect", f"hf://{REPO}/single/model.pth")
+    finally:
+        hub.reset()
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"hf://{REPO}/single/model.pth: " in result.stderr
+    assert "no complete answer within 0.5 s" in result.stderr
+
+
 def test_a_deadline_is_a_timeout_error_in_python(server, monkeypatch):
     import ckptport
     from ckptport.remote import Timeout, Transfers
