@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["DType", "DTYPES", "by_name", "by_safetensors", "dtype_of", "all_dtypes",
-           "STORAGE_CLASSES"]
+__all__ = ["DType", "DTYPES", "by_name", "by_safetensors", "dtype_of", "STORAGE_CLASSES"]
 
 
 @sealed
@@ -161,10 +160,6 @@ def all_names() -> Iterator[tuple[str, DType]]:
     yield from ((name, d) for name, d in DTYPES.items() if d.in_torch)
     for alias, name in _ALIASES.items():
         yield alias, DTYPES[name]
-
-
-def all_dtypes() -> tuple[DType, ...]:
-    return tuple(DTYPES.values())
 
 
 @cache

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .dtypes import DType, dtype_of
 from .errors import InputError
 from .sealed import sealed
-from .tree import KeyPath, Leaf, is_tensor, iter_tensors
+from .tree import KeyPath, Leaf, iter_tensors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -267,10 +267,6 @@ def group_by_storage(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
         key = storage_key(leaf)
         groups.setdefault(id(leaf) if key is None else key, []).append((path, leaf))
     return groups
-
-
-def _is_torch(value: Any) -> bool:
-    return not isinstance(value, Leaf) and is_tensor(value)
 
 
 def storage_key(leaf: Any) -> int | None:

@@ -30,17 +30,19 @@ __all__ = [
     "GlobalRef", "Backref",
     "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
     "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
-    "KEY_RULES", "CKPTPORT_KEYS", "type_name", "state_dicts", "replace_state_dicts", "SCALARS",
+    "KEY_RULES", "KEY_PREFIX", "type_name", "state_dicts", "replace_state_dicts", "SCALARS",
 ]
 
 KeyPath = tuple[Any, ...]
 
-KEY_VERSION = "ckptport.version"
-KEY_TREE = "ckptport.tree"
-KEY_ALIASES = "ckptport.aliases"
-KEY_SOURCE_SHA256 = "ckptport.source_sha256"
-KEY_RULES = "ckptport.rules"
-CKPTPORT_KEYS = (KEY_VERSION, KEY_TREE, KEY_ALIASES, KEY_SOURCE_SHA256, KEY_RULES)
+# the metadata keys ckptport writes (safetensors __metadata__, shard indexes) start with this
+# prefix: ckptport writes them itself and never carries a source's
+KEY_PREFIX = "ckptport."
+KEY_VERSION = f"{KEY_PREFIX}version"
+KEY_TREE = f"{KEY_PREFIX}tree"
+KEY_ALIASES = f"{KEY_PREFIX}aliases"
+KEY_SOURCE_SHA256 = f"{KEY_PREFIX}source_sha256"
+KEY_RULES = f"{KEY_PREFIX}rules"
 
 
 def format_path(path: KeyPath) -> str:

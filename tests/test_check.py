@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from ckptport.commands.check import CODES, check
-from ckptport.render import ReportFormat, formatter
+from ckptport.render import formats_for, formatter
 
 GOLDEN = Path(__file__).with_name("golden") / "check_dp_in_ddp.json"
-# markdown renders diff for pull-request comments; check and inspect are not offered there yet
-CHECK_FORMATS = [f for f in ReportFormat if f is not ReportFormat.MARKDOWN]
+CHECK_FORMATS = formats_for("check")
 
 
 def _codes(result) -> list[str]:

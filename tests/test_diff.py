@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import ckptport
 import ckptport.analysis.diffing
-from ckptport.render import ReportFormat, formatter
+from ckptport.render import FORMATTERS, formatter
 
 DIFF_MODULE = importlib.import_module("ckptport.compare")  # the window engine
 GOLDEN = Path(__file__).with_name("golden") / "diff_small.json"
@@ -206,12 +206,12 @@ def test_golden_json_report(run, tmp_path):
 
 def test_every_report_format_renders_a_diff(tmp_path):
     report = ckptport.diff(*_small_pair(tmp_path))
-    for fmt in ReportFormat:
-        out = formatter(fmt).diff(report)
-        shown = json.loads(out)["summary"] if fmt is ReportFormat.JSON else out
+    for fmt in FORMATTERS:
+        out = fmt.diff(report)
+        shown = json.loads(out)["summary"] if fmt.name == "json" else out
         shown = shown.replace("\\|", "|")  # markdown escapes table pipes
         assert report.summary() in shown
-    markdown = formatter(ReportFormat.MARKDOWN).diff(report)
+    markdown = formatter("markdown").diff(report)
     assert markdown.startswith("### ckptport diff: different")
     assert "| `moved` | float32 | 1 of 4 | 5.0e-01 | 1.2e-01 | [1, 1] | 4 | 4.5 |" in markdown
 

@@ -7,7 +7,6 @@ always parseable.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -20,16 +19,7 @@ if TYPE_CHECKING:
     from ..commands.normalize import FolderReport, NormalizeReport
 
 
-__all__ = ["ReportFormat", "Formatter", "Failure", "FORMATTERS", "formatter", "formats_for"]
-
-
-class ReportFormat(str, enum.Enum):
-    """The built-in formats' names (``FORMATTERS`` is what the CLI offers)."""
-
-    TEXT = "text"
-    JSON = "json"
-    MARKDOWN = "markdown"
-    GITHUB = "github"  # GitHub Actions annotations for check; other reports as text
+__all__ = ["Formatter", "Failure", "FORMATTERS", "formatter", "formats_for"]
 
 
 @dataclass(frozen=True)
@@ -92,8 +82,8 @@ def formats_for(command: str) -> list[str]:
     return [f.name for f in FORMATTERS if command in f.commands]
 
 
-def formatter(fmt: ReportFormat | str) -> Formatter:
-    name = fmt.value if isinstance(fmt, ReportFormat) else fmt
+def formatter(name: str) -> Formatter:
+    """The formatter whose ``--format`` name is ``name`` (each formatter knows its own)."""
     for candidate in FORMATTERS:
         if candidate.name == name:
             return candidate

@@ -49,6 +49,7 @@ from typing import Any
 from ..checkpoint import Checkpoint
 from ..errors import RuleError
 from ..tree import (
+    KEY_PREFIX,
     KeyPath,
     format_path,
     rebuild_dict,
@@ -63,7 +64,7 @@ __all__ = ["Subtree", "KeepDrop", "Rename", "Recipe", "Step", "load_recipe", "re
            "KEY_MAP_SHA256"]
 
 STEP_KINDS = ("subtree", "keep", "drop", "rename")
-KEY_MAP_SHA256 = "ckptport.map_sha256"  # safetensors metadata: the recipe this file was made with
+KEY_MAP_SHA256 = f"{KEY_PREFIX}map_sha256"  # safetensors metadata: the recipe that made it
 MAX_RECIPE_BYTES = 1 << 20
 MAX_RECIPE_DEPTH = 16  # a recipe is 3 deep: the document, steps = [...], a step {...}, a list
 MAX_PATTERN = 1000  # characters of one rename pattern

@@ -39,8 +39,12 @@ class OutputFormat:
     ``extensions`` choose it from DST's name (the first one is what folder mode
     names its outputs); ``shard_stem`` names a hub shard set of these files
     (``model`` -> ``model-00001-of-00002.safetensors``), None when it has none;
-    ``metadata``: its files record their provenance (the source's sha256, the rules
-    applied, a safetensors source's own metadata).
+    ``shard_extension``: what those shards are named with when it is not the format's
+    own (the hub's ``pytorch_model-….bin`` for .pth); ``metadata``: its files record
+    their provenance (the source's sha256, the rules applied, a safetensors source's own
+    metadata); ``one_name_per_tensor``: a file stores each tensor once, under one name
+    (safetensors), so a shard set leaves tied names out as the hub does, where a pickle
+    keeps every name over one storage.
     """
 
     name: str
@@ -48,7 +52,9 @@ class OutputFormat:
     factory: Any
     extensions: tuple[str, ...] = ()
     shard_stem: str | None = None
+    shard_extension: str | None = None
     metadata: bool = False  # records where it came from (``writers.provenance``)
+    one_name_per_tensor: bool = False
 
     def make(self) -> Any:
         """The writer (a ``FileFormat`` for files, a ``Writer`` for folders)."""
@@ -74,9 +80,10 @@ def register(fmt: OutputFormat) -> OutputFormat:
 
 register(OutputFormat("pth", Kind.FILE, "ckptport.writers.pth:PthFile",
                       (".pth", ".pt", ".bin", ".ckpt", ".pth.tar", ".pt.tar"),
-                      shard_stem="pytorch_model"))
+                      shard_stem="pytorch_model", shard_extension=".bin"))
 register(OutputFormat("safetensors", Kind.FILE, "ckptport.writers.safetensors:SafetensorsFile",
-                      (".safetensors",), shard_stem="model", metadata=True))
+                      (".safetensors",), shard_stem="model", metadata=True,
+                      one_name_per_tensor=True))
 register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter"))
 
 

@@ -57,8 +57,7 @@ class ShardNames:
     @classmethod
     def of(cls, fmt: OutputFormat) -> ShardNames:
         """The hub's names for a set of ``fmt``'s files (``pytorch_model-…bin`` for .pth)."""
-        extension = ".bin" if fmt.name == "pth" else fmt.extension
-        return cls(fmt.shard_stem or fmt.name, extension)
+        return cls(fmt.shard_stem or fmt.name, fmt.shard_extension or fmt.extension)
 
     def shard(self, number: int, count: int) -> str:
         if count == 1:
@@ -189,7 +188,7 @@ class ShardsWriter:
         sink.check(checkpoint, names, options.overwrite)
         # a file that stores each tensor once under one name (safetensors) leaves tied names
         # out, as the hub does; a pickle (.bin) keeps both names over one storage
-        kept, aliases = without_aliases(state) if self.format.name == "safetensors" else \
+        kept, aliases = without_aliases(state) if self.format.one_name_per_tensor else \
             (state, {})
         assert destination.shard_size is not None
         groups = split_shards(kept, destination.shard_size)

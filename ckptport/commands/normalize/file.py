@@ -25,6 +25,7 @@ from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
 from ...sources import read_more_than_once
+from ...tree import KEY_PREFIX
 from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
@@ -90,7 +91,7 @@ def carried_metadata(source: SourceFacts, keep: bool = True) -> dict[str, str]:
     if not keep or source.format != Format.SAFETENSORS:
         return {}
     return {key: value for key, value in sorted(source.metadata.items())
-            if key != "format" and not key.startswith("ckptport.") and isinstance(value, str)}
+            if key != "format" and not key.startswith(KEY_PREFIX) and isinstance(value, str)}
 
 
 def _version(path: RemotePath) -> str:
