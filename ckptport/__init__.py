@@ -18,72 +18,50 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import errors as _errors
 from ._version import __version__
-from .errors import (
-    CkptportError,
-    InputError,
-    OptionError,
-    OutputError,
-    StateDictMismatchError,
-    UnsafeCheckpointError,
-    VerificationError,
-)
+from .errors import *  # noqa: F403 (the error family: ERRORS below)
 
-if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
-    from .commands.check import check
-    from .commands.diff import diff
-    from .commands.inspection import inspect
-    from .commands.load import load_into, load_state_dict
-    from .commands.manifest import manifest
-    from .commands.normalize import normalize_file, normalize_folder
-    from .readers import read
-    from .rules import NormalizeOptions, normalize
-    from .writers import write
-
-__all__ = [
-    "__version__",
-    "Checkpoint",
-    "CkptportError",
-    "InputError",
-    "NormalizeOptions",
-    "OptionError",
-    "OutputError",
-    "StateDictMismatchError",
-    "UnsafeCheckpointError",
-    "VerificationError",
-    "check",
-    "diff",
-    "inspect",
-    "load_into",
-    "load_state_dict",
-    "manifest",
-    "normalize",
-    "normalize_file",
-    "normalize_folder",
-    "read",
-    "write",
-]
-
-_LAZY = {
+# The public API, in one table: each name and the module it is loaded from when first
+# used. ``__all__`` is made from it, and tests/test_architecture.py holds the
+# TYPE_CHECKING imports below (what type checkers see) and docs/reference.md's list to it.
+LAZY = {
     "Checkpoint": ".checkpoint",
     "check": ".commands.check",
     "diff": ".commands.diff",
-    "normalize_folder": ".commands.normalize",
     "inspect": ".commands.inspection",
     "load_into": ".commands.load",
     "load_state_dict": ".commands.load",
     "manifest": ".commands.manifest",
     "normalize_file": ".commands.normalize",
+    "normalize_folder": ".commands.normalize",
     "read": ".readers",
     "NormalizeOptions": ".rules",
     "normalize": ".rules",
     "write": ".writers",
 }
+ERRORS = tuple(name for name in _errors.__all__ if name.endswith("Error"))
+
+if TYPE_CHECKING:  # what type checkers see; "as": re-exported
+    from .checkpoint import Checkpoint as Checkpoint
+    from .commands.check import check as check
+    from .commands.diff import diff as diff
+    from .commands.inspection import inspect as inspect
+    from .commands.load import load_into as load_into
+    from .commands.load import load_state_dict as load_state_dict
+    from .commands.manifest import manifest as manifest
+    from .commands.normalize import normalize_file as normalize_file
+    from .commands.normalize import normalize_folder as normalize_folder
+    from .readers import read as read
+    from .rules import NormalizeOptions as NormalizeOptions
+    from .rules import normalize as normalize
+    from .writers import write as write
+
+__all__ = ["__version__", *ERRORS, *LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ckptport' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
