@@ -44,6 +44,7 @@ from .ranks import RankFilesReader
 from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
+from .universal import UniversalReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
@@ -160,8 +161,9 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 # the registry, in the order layouts are asked (names) and files claimed (bytes)
 READERS: tuple[Reader | LayoutReader, ...] = (
     TorchZipReader(), TorchScriptReader(), LegacyReader(), SafetensorsReader(),
-    DcpReader(_load_file), DeepSpeedReader(_load_file), RankFilesReader(_load_file),
-    TrainingState(), HfShardsReader(), ShardsReader(_load_file), ModelFolder())
+    DcpReader(_load_file), UniversalReader(_load_file), DeepSpeedReader(_load_file),
+    RankFilesReader(_load_file), TrainingState(), HfShardsReader(), ShardsReader(_load_file),
+    ModelFolder())
 
 
 def _reader_for(source: Source) -> Reader:
