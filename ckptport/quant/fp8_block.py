@@ -33,6 +33,7 @@ FP8 = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2
 SCALES = frozenset({"float32", "bfloat16", "float16", "float8_e8m0fnu", "uint8"})
 SUFFIX = "_scale_inv"
 DEFAULT_BLOCK = (128, 128)
+CHUNK_ELEMENTS = 1 << 20  # dequantized a few block rows at a time: memory stays near the output
 
 
 def _ceil(a: int, b: int) -> int:
@@ -90,22 +91,35 @@ class Fp8Block:
         import torch
 
         codes, scale = parts
-        values = codes.to(torch.float32)
         factor = (scale.to(torch.float32) - 127.0).exp2() if scale.dtype == torch.uint8 \
             else scale.to(torch.float32)
         block = weight.params["block_size"]
         if block is None:
-            return (values * factor.reshape(())).to(dtype)
-        *lead, rows, cols = values.shape
-        grid_rows, grid_cols = factor.shape[-2:]
-        bm, bn = block
-        if rows == grid_rows * bm and cols == grid_cols * bn:  # whole blocks: one broadcast
-            blocks = values.reshape(*lead, grid_rows, bm, grid_cols, bn)
-            product = blocks * factor.reshape(*lead, grid_rows, 1, grid_cols, 1)
-            return product.to(dtype).reshape(values.shape)
-        spread = factor.repeat_interleave(bm, dim=-2)[..., :rows, :]
-        spread = spread.repeat_interleave(bn, dim=-1)[..., :cols]
-        return (values * spread).to(dtype)
+            return (codes.to(torch.float32) * factor.reshape(())).to(dtype)
+        out = torch.empty(codes.shape, dtype=dtype)
+        rows = codes.shape[-2]
+        bm = block[0]
+        step = bm * max(1, CHUNK_ELEMENTS // (bm * max(1, codes[..., :1, :].numel())))
+        for start in range(0, rows, step):  # a few MiB of float32 at a time, not the weight
+            stop = min(rows, start + step)
+            grid = factor[..., start // bm:-(-stop // bm), :]
+            out[..., start:stop, :] = _scaled(codes[..., start:stop, :], grid, block)
+        return out
+
+
+def _scaled(codes: torch.Tensor, grid: torch.Tensor, block: list[int]) -> torch.Tensor:
+    """Codes times their blocks' scales, in float32 (rows starting at a block boundary)."""
+    import torch
+
+    values = codes.to(torch.float32)
+    *lead, rows, cols = values.shape
+    grid_rows, grid_cols = grid.shape[-2:]
+    bm, bn = block
+    if rows == grid_rows * bm and cols == grid_cols * bn:  # whole blocks: one broadcast
+        blocks = values.reshape(*lead, grid_rows, bm, grid_cols, bn)
+        return (blocks * grid.reshape(*lead, grid_rows, 1, grid_cols, 1)).reshape(values.shape)
+    spread = grid.repeat_interleave(bm, dim=-2)[..., :rows, :]
+    return values * spread.repeat_interleave(bn, dim=-1)[..., :cols]
 
 
 def _single(grid: tuple[int, ...]) -> bool:

@@ -33,7 +33,7 @@ from ..dtypes import dtype_of
 from ..errors import InputError, VerificationError
 from ..progress import Advance
 from ..sources import SourceFile
-from ..tensors import Blob, Computed, Pending, TensorInfo, chunks, realize
+from ..tensors import Blob, Computed, Pending, TensorInfo, chunks, nbytes, realize
 
 __all__ = ["verify_pth", "verify_safetensors", "Independent"]
 
@@ -64,8 +64,16 @@ class Independent:
             return
         yield from chunks(leaf)
 
-    def _whole(self, leaf: Any) -> bytes:
-        return b"".join(bytes(piece) for piece in self(leaf))
+    def _whole(self, leaf: Any) -> bytearray:
+        """The leaf's bytes in one buffer, filled piece by piece (no joined copies)."""
+        whole = bytearray(nbytes(leaf))
+        at = 0
+        for piece in self(leaf):
+            whole[at:at + len(piece)] = piece
+            at += len(piece)
+        if at != len(whole):
+            raise VerificationError(f"a source tensor read back {at} bytes, not {len(whole)}")
+        return whole
 
     def _archive(self, source: SourceFile) -> zipfile.ZipFile:
         with self.lock:
@@ -113,17 +121,17 @@ class Independent:
         self.close()
 
 
-def _values(raw: bytes, leaf: Any) -> Any:
-    """A tensor of ``leaf``'s dtype and shape holding the canonical bytes ``raw``."""
+def _values(raw: bytearray, leaf: Any) -> Any:
+    """A tensor of ``leaf``'s dtype and shape over the canonical bytes ``raw`` (not copied)."""
     import torch
 
     dtype = dtype_of(leaf).to_torch()
-    values = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else \
+    values = torch.frombuffer(raw, dtype=dtype) if raw else \
         torch.empty(0, dtype=dtype)
     return values.reshape(leaf.shape)
 
 
-def _cast(raw: bytes, leaf: Pending) -> Any:
+def _cast(raw: bytearray, leaf: Pending) -> Any:
     return realize(_values(raw, leaf.source), leaf)
 
 
