@@ -425,5 +425,7 @@ def test_a_scheme_ckptport_does_not_know_is_not_cast_either(tmp_path, run):
     result = run("normalize", path, tmp_path / "out.safetensors", "--dtype", "bfloat16")
     assert result.exit_code == 2
     assert "does not dequantize" in result.stderr
+    refused = run("normalize", path, tmp_path / "plain.safetensors", "--dequantize")
+    assert refused.exit_code == 2 and "does not dequantize" in refused.stderr
     kept = run("normalize", path, tmp_path / "kept.safetensors")
     assert kept.exit_code == 0

@@ -17,7 +17,7 @@ from functools import cache, partial
 from typing import Any
 
 from ..checkpoint import Checkpoint
-from ..dtypes import DTYPES, DType
+from ..dtypes import DTYPES, DType, dtype_of
 from ..errors import CkptportError, OptionError
 from ..quant import (
     DEQUANTIZE_CHOICES,
@@ -28,7 +28,7 @@ from ..quant import (
     recognize,
 )
 from ..tensors import Computed, to_torch
-from ..tree import format_path, rebuild_dict, replace_state_dicts, state_dicts
+from ..tree import format_path, iter_tensors, rebuild_dict, replace_state_dicts, state_dicts
 from .base import Change, RuleResult
 
 __all__ = ["Dequantize", "recognized", "refuse_cast", "quantization_of"]
@@ -192,6 +192,14 @@ class Dequantize:
             return rebuild_dict(state, items)
 
         tree = replace_state_dicts(checkpoint.tree, edit)
+        dtypes = {format_path(path): dtype_of(value) for path, value in iter_tensors(tree)}
+        for name in dtypes:
+            unknown = _unrecognized_scheme(name, dtypes)
+            if unknown:
+                raise QuantError(f"{name}: --dequantize cannot make it plain: its module holds "
+                                 f"{unknown}, the parts of a quantized weight of a scheme "
+                                 "ckptport does not dequantize (docs/quantized.md)",
+                                 checkpoint.source.path)
         if not counts:
             return checkpoint, RuleResult(self.name, summary="no quantized weights found")
         summary = "dequantized " + ", ".join(f"{n} {s} weights" for s, n in counts.items()) + \
