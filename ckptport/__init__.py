@@ -4,7 +4,8 @@
 with named rules, ``write`` a ``.pth`` or ``.safetensors`` that loads
 anywhere; ``normalize_file`` does all three and verifies (what ``ckptport
 normalize`` runs), ``normalize_folder`` does it for a folder of them.
-``diff``, ``inspect``, ``check`` and ``manifest`` are the other commands;
+``diff``, ``inspect``, ``check``, ``manifest``, ``sign``, ``verify`` and
+``verify_chain`` are the other commands;
 ``load_state_dict`` and ``load_into`` the one-liners for training code.
 Report and option types live in their modules (``ckptport.analysis.diffing``,
 ``ckptport.rules``, …).
@@ -38,6 +39,11 @@ LAZY = {
     "read": ".readers",
     "NormalizeOptions": ".rules",
     "normalize": ".rules",
+    "SigningKey": ".signing",
+    "TrustedKeys": ".signing",
+    "sign": ".signing",
+    "verify": ".signing",
+    "verify_chain": ".signing",
     "write": ".writers",
 }
 ERRORS = tuple(name for name in _errors.__all__ if name.endswith("Error"))
@@ -55,6 +61,11 @@ if TYPE_CHECKING:  # what type checkers see; "as": re-exported
     from .readers import read as read
     from .rules import NormalizeOptions as NormalizeOptions
     from .rules import normalize as normalize
+    from .signing import SigningKey as SigningKey
+    from .signing import TrustedKeys as TrustedKeys
+    from .signing import sign as sign
+    from .signing import verify as verify
+    from .signing import verify_chain as verify_chain
     from .writers import write as write
 
 __all__ = ["__version__", *ERRORS, *LAZY]
