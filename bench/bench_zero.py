@@ -24,14 +24,11 @@ The checkpoint is kept for reruns (``--clean`` removes it).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from bench.run import OUT, measure
+from bench.run import OUT, best_of, launch_ranks
 
 LAYER = 4096  # square Linear layers of LAYER x LAYER fp32: 64 MiB each
 
@@ -59,19 +56,7 @@ def _worker(folder: Path, layers: int) -> None:
 
 def generate(folder: Path, size_gb: float, world: int) -> None:
     layers = max(1, round(size_gb * (1 << 30) / (LAYER * LAYER * 4)))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_zero", "--worker", str(folder), str(layers)],
-        env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-             "LOCAL_WORLD_SIZE": str(world), "DS_ACCELERATOR": "cpu"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for rank in range(world)]
-    for proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode:
-            raise SystemExit(f"a DeepSpeed rank failed: {err.decode(errors='replace')[-3000:]}")
+    launch_ranks("bench.bench_zero", [str(folder), str(layers)], world, DS_ACCELERATOR="cpu")
 
 
 def main() -> None:
@@ -101,18 +86,13 @@ def main() -> None:
         "zero_to_fp32.py": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32",
                             str(folder), str(theirs), "--safe_serialization"],
     }
+    def clean() -> None:
+        target.unlink(missing_ok=True)
+        shutil.rmtree(theirs, ignore_errors=True)
+
     results = {}
     for name, argv in rows.items():
-        runs = []
-        for _ in range(args.runs):
-            target.unlink(missing_ok=True)
-            shutil.rmtree(theirs, ignore_errors=True)
-            run = measure(argv)
-            if run.rc:
-                raise SystemExit(f"{name} failed: {run.stderr[-2000:]}")
-            runs.append(run)
-        results[name] = min(runs, key=lambda r: r.wall)
-        best = results[name]
+        results[name] = best = best_of(name, argv, args.runs, clean)
         print(f"{name:20s} wall {best.wall:7.2f} s   peak private {best.private_mb:8.0f} MiB   "
               f"peak RSS {best.rss_mb:8.0f} MiB")
     mine, ref = results["ckptport normalize"], results["zero_to_fp32.py"]

@@ -17,6 +17,7 @@ import platform
 import re
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -182,6 +184,38 @@ def measure(argv: list[str]) -> Run:
     except (IndexError, ValueError):
         wall, rss_kb, cpu = fallback_wall, 0, float("nan")
     return Run(wall, cpu, rss_kb / 1024, peak_kb / 1024, proc.returncode, stderr)
+
+
+def best_of(name: str, argv: list[str], runs: int, before: Any = None) -> Run:
+    """The fastest of ``runs`` runs of ``argv`` (``before()`` ahead of each); exits naming
+    ``name`` when one fails."""
+    done = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        run = measure(argv)
+        if run.rc:
+            raise SystemExit(f"{name} failed: {run.stderr[-2000:]}")
+        done.append(run)
+    return min(done, key=lambda r: r.wall)
+
+
+def launch_ranks(module: str, args: list[str], world: int, **env: str) -> None:
+    """``python -m MODULE --worker ARGS`` as ``world`` ranks of one process group (env://
+    rendezvous on a free local port); exits with the first failing rank's stderr."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", module, "--worker", *args],
+        env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+             "LOCAL_WORLD_SIZE": str(world), **env},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for rank in range(world)]
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"a rank failed: {err.decode(errors='replace')[-3000:]}")
 
 
 @dataclass

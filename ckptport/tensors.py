@@ -478,8 +478,11 @@ def to_torch(leaf: Any, storages: dict[int, Any] | None = None) -> torch.Tensor:
     tensor = torch.empty(0, dtype=leaf.dtype.to_torch())
     if leaf.storage.declared_bytes:
         tensor.set_(storage, leaf.offset, leaf.shape, leaf.strides)
+    elif leaf.numel():  # never an uninitialized tensor in place of bytes the file lacks
+        raise InputError(f"{leaf.storage.key}: {leaf.numel()} elements over a storage of no "
+                         "bytes")
     else:
-        tensor = torch.empty(leaf.shape, dtype=leaf.dtype.to_torch())
+        tensor = torch.empty(leaf.shape, dtype=leaf.dtype.to_torch())  # no elements
     if leaf.parameter:
         return torch.nn.Parameter(tensor, requires_grad=leaf.requires_grad)
     return tensor.requires_grad_(leaf.requires_grad) if leaf.requires_grad else tensor

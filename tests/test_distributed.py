@@ -551,6 +551,9 @@ DS_SPELLINGS = {
     "fullwidth digit": (
         "s3_fp32", "zero_pp_rank_1_mp_rank_00_model_states.pt", "s3_fp32",
         "zero_pp_rank_\uff11_mp_rank_00_model_states.pt", "cannot read"),
+    "upper case": (
+        "s2_fp32", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "s1_fp32",
+        "ZERO_PP_RANK_1_MP_RANK_00_optim_states.pt", "cannot read"),
 }
 
 
@@ -602,11 +605,14 @@ def test_a_rank_file_under_two_spellings_is_refused(dist, run, tmp_path, kind, n
     _checked(run, folder, "rank 1 is claimed by 2 files")
 
 
-def test_a_rank_number_in_other_digits_is_not_a_rank(dist, run, tmp_path):
-    """``model_rank\u0661.pt``: int() reads it as 1, ckptport reads ASCII digits only: the
-    folder is no longer one set of rank files, and each rank file alone is partial."""
+@pytest.mark.parametrize("new", ["model_rank\u0661.pt", "model_rank_1.pt", "MODEL_RANK1.pt",
+                                 "model_rank1.pth", "model-rank1.pt"])
+def test_a_second_rank_file_set_is_not_one_checkpoint(dist, run, tmp_path, new):
+    """Names that spell rank 1 another way (non-ASCII digits, which int() reads as 1; another
+    separator, case or extension): the folder is no longer one set of rank files, so it is
+    not read as one checkpoint, and each rank file alone is partial."""
     folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp2")
-    shutil.copy(folder / "model_rank1.pt", folder / "model_rank\u0661.pt")
+    shutil.copy(folder / "model_rank1.pt", folder / new)
     result = run("normalize", folder, tmp_path / "out.safetensors")
     assert result.exit_code == 2 and not (tmp_path / "out.safetensors").exists()
     _checked(run, folder, "holds rank 1's shard")
@@ -774,3 +780,13 @@ def test_hf_storage_writer_shards_that_are_not_whole_are_refused(dist, run, tmp_
     forge(folder)
     _refused(run, folder, tmp_path / "out.safetensors", *words)
     _checked(run, folder, *words)
+
+
+def test_an_hf_shard_file_under_a_name_that_is_no_shard_name(dist, run, tmp_path):
+    """Non-ASCII digits in a shard file's name: not one of the layout's names, so the folder
+    is a folder of checkpoints (refused as one), and each file read alone is partial."""
+    folder = _copy(_hf(dist, 2, "fsdp2"), tmp_path / "sharded")
+    shutil.copy(folder / "shard-00002-model-00001-of-00002.safetensors",
+                folder / "shard-0000\u0662-model-00001-of-00002.safetensors")
+    _refused(run, folder, tmp_path / "out.safetensors", "is a folder of checkpoints")
+    _checked(run, folder, "'fc1.weight' is its part at [7, 0]")
