@@ -192,8 +192,7 @@ def _third_party_calls(file: FileUnderCheck) -> Iterable[Hit]:
     for name in report.unproven_callables:
         spelled = _spelled(name, report.spellings.get(name)) or name
         package = unresolved_package(name)
-        unseen = f"; ckptport never imports {package} to see what the name reaches" \
-            if package else ""
+        unseen = f"; ckptport never imports {package} to see what it does" if package else ""
         yield _global_hit(file, name, (
             f"calls {spelled}(…), which full unpickling would run; it cannot be proven "
             f"harmless{unseen} (nothing was run; normalize keeps the call as data, or refuses "

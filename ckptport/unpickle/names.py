@@ -35,8 +35,10 @@ or function is classed by its home (``torch.os.system`` is ``posix.system``);
 another value by its type's home, any value of a standard-library type but a
 scalar being live state of the process (``sys.modules``). A resolved function,
 unlike a class, runs when the file calls it: that call is code-running too.
-A name of a package ckptport does not import stays unresolved: never
-allowed, judged by its text, its calls CKP012's tier.
+A package ckptport does not import is read from its source (``imports``):
+a name its source imports (``pkg.mod.os``, ``from subprocess import run``)
+is judged as what it names; what it defines is judged by its text, never
+allowed, its calls CKP012's tier.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ class Verdict:
 _ALLOWED = Verdict(Kind.ALLOWED)
 _CODE = Verdict(Kind.CODE)
 _INERT = Verdict(Kind.INERT)  # judged by its text alone
+_MAX_IMPORTS = 16  # a name imported from a name imported from …: past this, code-running
 
 
 def judge(resolved: str, dotted: bool, allowed: frozenset[str] | set[str]) -> Verdict:
@@ -212,10 +215,17 @@ def judge_attribute(owner: str, name: str) -> Verdict:
     return _by_reach(reach(module, f"{short}.{name}"), owner if canonical else None)
 
 
-def _by_reach(reached: Reached | None, owner: str | None) -> Verdict:
+def _by_reach(reached: Reached | None, owner: str | None, depth: int = 0) -> Verdict:
     """``owner``: the class the attribute was taken from, when it is named where it lives."""
     if reached is None:
         return _INERT
+    if reached.kind is Reach.NAME:  # judged as each name it may be, through their imports
+        if depth >= _MAX_IMPORTS or any(is_code(home) for home in reached.homes):
+            return Verdict(Kind.CODE, reached)
+        named = [_by_reach(reach(*home.rsplit(".", 1)), None, depth + 1)
+                 for home in reached.homes]
+        kind = Kind.CODE if any(v.kind is Kind.CODE for v in named) else Kind.INERT
+        return Verdict(kind, reached, called=kind is Kind.INERT and any(v.called for v in named))
     if reached.kind in (Reach.MODULE, Reach.UNRESOLVED):
         return Verdict(Kind.CODE, reached)
     home = reached.home

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from . import imports, stdlib
 from .snapshots import TORCH_NN_CLASSES, TORCH_NN_FUNCTIONS
 
 __all__ = ["RESOLVED_PACKAGES", "SCALAR_HOMES", "Reach", "Reached", "reach", "describe"]
@@ -56,6 +57,7 @@ class Reach(enum.Enum):
     CLASS = "class"
     FUNCTION = "function"  # anything callable that is not a class: calling it runs it
     VALUE = "value"  # an object that cannot be called
+    NAME = "name"  # another module's name, imported under this one (read from source)
     UNRESOLVED = "unresolved"
 
 
@@ -63,19 +65,23 @@ class Reach(enum.Enum):
 class Reached:
     """What a dotted path reaches: its kind and home (``posix.system``, ``os``).
 
-    ``home`` of a value is its type's home; of an unresolved path, the path.
+    ``home`` of a value is its type's home; of an unresolved path, the path;
+    of a name, every name the source may bind it to (``homes``), the first.
     ``why`` says, for an unresolved path, what could not be followed.
     """
 
     kind: Reach
     home: str
     why: str = ""
+    homes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         if self.kind is Reach.UNRESOLVED:
             return f"something ckptport cannot resolve ({self.why})"
         if self.kind is Reach.VALUE:
             return f"a value of type {self.home}"
+        if self.kind is Reach.NAME:
+            return f"the name {' or '.join(self.homes)}, which its source imports"
         return f"the {self.kind.value} {self.home}"
 
 
@@ -162,14 +168,34 @@ def _import(module: str) -> types.ModuleType | None:
         return None
 
 
+def _from_source(module: str, attributes: str) -> Reached | None:
+    first, _, rest = attributes.partition(".")
+    found = imports.bindings(module)
+    if found is None:
+        return None
+    bound = found.get(first, ())
+    if not bound:
+        return Reached(Reach.MODULE, f"{module}.{first}") if imports.submodule(
+            module, first) else None
+    modules = [b.target for b in bound if b.kind == "module"]
+    if modules:
+        return Reached(Reach.MODULE, modules[0])
+    homes = tuple(f"{b.target}.{rest}" if rest else b.target for b in bound)
+    return Reached(Reach.NAME, homes[0], homes=homes)
+
+
 @lru_cache(maxsize=4096)
 def reach(module: str, attributes: str) -> Reached | None:
     """What ``module`` + ``attributes`` (dotted) reaches, as ``find_class`` and getattr would.
 
-    None when the module's package is not one ckptport resolves: it is never imported.
+    A package ckptport does not import is read from its source (``imports``): a
+    name it imports is a module or another module's name; anything else is None,
+    judged by its text. The standard library and numpy are closed tables: None.
     """
-    if module.split(".", 1)[0] not in RESOLVED_PACKAGES:
-        return None
+    top = module.split(".", 1)[0]
+    if top not in RESOLVED_PACKAGES:
+        return None if top == "numpy" or top in stdlib.MODULES else _from_source(module,
+                                                                                 attributes)
     path = f"{module}.{attributes}"
     if path in TORCH_NN_CLASSES:  # a pickled model's names, known without importing torch
         return Reached(Reach.CLASS, path)
