@@ -293,6 +293,30 @@ def test_a_range_length_is_checked_before_its_body_is_read(server, fault, messag
         server.reset()
 
 
+@pytest.mark.parametrize("fault", ["drip_headers", "drip_body", "silent"])
+def test_s3_peers_end_on_time(server, local, run, monkeypatch, fault):
+    """boto3 holds S3's sockets: each call is waited for until the deadline. The object
+    server answers S3's path-style HeadObject and ranged GetObject, so it can misbehave
+    as an S3 endpoint too (moto cannot be made slow)."""
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "secret"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    server.reset()
+    server.objects["/slow-bucket/run/model.pth"] = local["pth"]
+    assert run("inspect", "s3://slow-bucket/run/model.pth").exit_code == 0  # a valid read
+    server.faults[fault] = -1
+    try:
+        result = run("--remote-timeout", "request=0.5", "inspect",
+                     "s3://slow-bucket/run/model.pth")
+    finally:
+        server.reset()
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "s3://slow-bucket/run/model.pth: a request got no complete answer within 0.5 s" \
+        in result.stderr
+
+
 def test_a_silent_hub_api_ends_on_time(hub, run):
     """The revision lookup is huggingface_hub's own request: waited for until the deadline."""
     hub.reset()
