@@ -194,12 +194,21 @@ def test_a_packages_own_members_keep_its_tier():
         assert names.judge_attribute(owner, attribute).kind is Kind.INERT
 
 
+def _nn_loaded_by_import_torch() -> list[str]:
+    """The torch.nn modules a fresh ``import torch`` loads (this process has loaded more:
+    whatever earlier tests imported)."""
+    probe = ("import json, sys, torch\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch.nn.'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
 def _nn_defined() -> tuple[set[str], set[str]]:
     """torch.nn's classes and functions defined where their names say, not allowed, not code."""
     classes, functions = set(), set()
-    for module, loaded in list(sys.modules.items()):
-        if loaded is None or not module.startswith("torch.nn."):
-            continue
+    for module in _nn_loaded_by_import_torch():
+        loaded = sys.modules.get(module) or importlib.import_module(module)
         for attribute, value in vars(loaded).items():
             path = f"{module}.{attribute}"
             reached = describe(value, path)
