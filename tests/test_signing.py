@@ -448,3 +448,22 @@ def test_check_gates_on_the_signed_weights(signed, models, chained, pki, run, tm
     wrong = run("check", converted, "--verify-signature", signed["key"] / "model.sig",
                 "--public-key", pki["other-pub"])
     assert wrong.exit_code == 2 and "Key mismatch" in wrong.stderr
+
+
+def test_signing_reads_each_tensor_once(models, pki, tmp_path, monkeypatch, fx):
+    """The read that hashes a file for the OMS signature hashes its tensors too: the
+    manifest hashes none again, and the digests are the manifest's."""
+    import ckptport.analysis.manifests as manifests
+
+    hashed = []
+    real = manifests._digest
+    monkeypatch.setattr(manifests, "_digest", lambda leaf: hashed.append(leaf) or real(leaf))
+    for name, source in (("m.safetensors", models["file"]), ("ddp.pth", fx["ddp_cuda3"])):
+        single = tmp_path / name
+        single.write_bytes(source.read_bytes())
+        report = sign(single, _key(pki))
+        assert hashed == [], name
+        assert report.digest == ckptport.manifest(single).digest
+        model_signing.verifying.Config().use_elliptic_key_verifier(
+            public_key=pki["pub"]).verify(single, report.files_signature)
+        hashed.clear()

@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,12 +226,16 @@ def _first_duplicate(names: Iterable[str]) -> str | None:
 
 
 def manifest_of(checkpoint: Checkpoint, options: NormalizeOptions | None = None, *,
-                jobs: int | None = None, progress: Progress = no_progress) -> Manifest:
+                jobs: int | None = None, progress: Progress = no_progress,
+                known: Callable[[Checkpoint], Mapping[ViewKey, str]] | None = None) -> Manifest:
     """The checkpoint normalized with ``options``, its weights listed and hashed (torch-free
-    for zip, legacy, safetensors and shard sets, unless ``options`` cast)."""
+    for zip, legacy, safetensors and shard sets, unless ``options`` cast); ``known`` gives
+    the digests some other pass already made of the normalized checkpoint's tensors
+    (``sign`` hashes them with the files)."""
     options = options or NormalizeOptions()
     normalized = apply_rules(checkpoint, options, lazy=True)
     return build_manifest(normalized.checkpoint, options, jobs=jobs, progress=progress,
+                          known=None if known is None else known(normalized.checkpoint),
                           declared=declared_ties(checkpoint.source.path))
 
 

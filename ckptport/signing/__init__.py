@@ -13,10 +13,11 @@ Beside a file ``X`` they are ``X.sig`` and ``X.weights.sig``; in a model
 folder ``model.sig`` and ``model.weights.sig`` (left out of the signed
 files); ``output`` names the OMS file and the attestation goes beside it.
 
-Each file is read once: the files are hashed (``model_signing``, BLAKE3 by
-default, on every core) while the tensors are hashed by position on every
-core (``analysis.manifests``), the two passes running together so the
-second reader of each page finds it in the page cache. A remote source
+Each file is read once: the read that hashes a file for the OMS signature
+(sha256, as ``model_signing`` does) also hashes the tensors lying in it, on
+the other cores (``onepass``); the tensors that lie in no file verbatim are
+hashed by the manifest. With ``--file-hash blake3`` the files are hashed by
+``model_signing``'s own BLAKE3 hasher while the tensors are hashed beside it. A remote source
 (``hf://``, ``s3://``, ``https://``) gets and is verified by the weights
 attestation only: its tensors are read, its files are not downloaded.
 """
@@ -44,6 +45,7 @@ from .attestation import WEIGHTS_PREDICATE, Attestation, read_attestation, weigh
 from .bundles import OMS_PREDICATE, SignedStatement, open_statement, sign_statement, signed_bundle
 from .files import FILE_HASHES, FilesComparison, compare_files, files_payload
 from .keys import SigningKey, TrustedKeys
+from .onepass import TensorRanges, one_pass_payload
 
 __all__ = ["sign", "verify", "SignReport", "VerifyReport", "SigningKey", "TrustedKeys",
            "signature_paths", "attestation_path", "FILE_HASHES", "WEIGHTS_PREDICATE",
@@ -152,12 +154,25 @@ def sign(src: Any, key: SigningKey, *, output: Path | None = None,
             raise OutputExistsError("exists; pass --overwrite to replace it", path)
     signer = key.signer()  # one signer for both: Sigstore asks for one identity
     options = options or NormalizeOptions()
-    with ThreadPoolExecutor(1) as pool:
-        payload = None if not files_too else pool.submit(
-            files_payload, Path(src), _ignored(Path(src), (oms, attested)), file_hash)
-        checkpoint = open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
-        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
-        files = None if payload is None else payload.result()
+    checkpoint = open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
+    ignored = _ignored(Path(src), (oms, attested)) if files_too else []
+    found: list[Any] = []
+
+    def with_files(normalized: Checkpoint) -> dict[Any, str]:
+        """The files' payload, hashing on the way the tensors that lie in them (one read)."""
+        ranges = TensorRanges(normalized.tree)
+        found.append(one_pass_payload(Path(src), ignored, ranges, jobs))
+        return ranges.done
+
+    if files_too and file_hash == "sha256":
+        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress, known=with_files)
+        files = found[0]
+    else:  # BLAKE3 (model_signing's own hasher, on every core) beside the tensors, or none
+        with ThreadPoolExecutor(1) as pool:
+            payload = pool.submit(files_payload, Path(src), ignored, file_hash) \
+                if files_too else None
+            made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
+            files = None if payload is None else payload.result()
     texts = {attested: sign_statement(key, _name(src), made.digest, WEIGHTS_PREDICATE,
                                       weights_predicate(made), signer)}
     if files is not None:

@@ -19,7 +19,7 @@ from ..errors import InputError, SignatureError
 from .bundles import SignedStatement
 from .keys import cause, library
 
-__all__ = ["FILE_HASHES", "FilesComparison", "files_payload", "compare_files"]
+__all__ = ["FILE_HASHES", "FilesComparison", "files_payload", "compare_files", "hash_model"]
 
 FILE_HASHES = ("sha256", "blake3")
 
@@ -41,7 +41,9 @@ class FilesComparison:
         return not (self.added or self.removed or self.changed)
 
 
-def _hash(model: Path, config: Any) -> Any:
+def hash_model(model: Path, config: Any) -> Any:
+    """``model_signing``'s manifest of ``model``'s files under ``config``; a file it cannot
+    hash (a symlink, a special file) is an ``InputError`` naming the model."""
     try:
         return config.hash(model)
     except (ValueError, OSError) as exc:
@@ -54,9 +56,9 @@ def files_payload(model: Path, ignored: Iterable[Path], algorithm: str) -> Any:
     from model_signing import hashing
 
     config = hashing.Config().use_file_serialization(
-        hashing_algorithm=algorithm)  # type: ignore[arg-type] (checked against FILE_HASHES)
+        hashing_algorithm=algorithm)  # type: ignore[arg-type]  # one of FILE_HASHES
     config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
-    return library().signing.Payload(_hash(model, config))
+    return library().signing.Payload(hash_model(model, config))
 
 
 def compare_files(model: Path, signed: SignedStatement) -> FilesComparison:
@@ -81,7 +83,7 @@ def compare_files(model: Path, signed: SignedStatement) -> FilesComparison:
         raise SignatureError(f"not a usable OMS statement: {cause(exc)}", signed.path) from None
     config.set_allow_symlinks(bool(args["allow_symlinks"]))
     config.add_ignored_paths(model_path=model, paths=args.get("ignore_paths", ()))
-    actual = _hash(model, config)
+    actual = hash_model(model, config)
     want = {d.identifier: d.digest for d in expected.resource_descriptors()}
     have = {d.identifier: d.digest for d in actual.resource_descriptors()}
     return FilesComparison(
