@@ -60,7 +60,8 @@ def test_every_checkpoint_is_converted_and_failures_are_named(fx, tmp_path, run,
     assert by_source["old/broken.pth"]["status"] == "failed"
     assert "truncated" in by_source["old/broken.pth"]["reason"]
     assert ".system" in by_source["old/hostile.pth"]["reason"]
-    assert doc["counts"] == {"converted": 7, "skipped": 0, "failed": 2, "planned": 0}
+    assert doc["counts"] == {"converted": 7, "skipped": 0, "failed": 2, "planned": 0,
+                             "no weights": 0}
     assert not sentinel.exists() and not _leftovers(out)
     for source, output in CONVERTED.items():  # each as a single normalize writes it
         single = tmp_path / "single" / output
@@ -76,7 +77,8 @@ def test_a_second_run_resumes(fx, tmp_path):
     first = normalize_folder(zoo, out, FolderOptions(jobs=1))
     assert first.counts["converted"] == 7
     again = normalize_folder(zoo, out, FolderOptions(jobs=1))
-    assert again.counts == {"converted": 0, "skipped": 7, "failed": 2, "planned": 0}
+    assert again.counts == {"converted": 0, "skipped": 7, "failed": 2, "planned": 0,
+                            "no weights": 0}
     source = zoo / "old" / "model.PT"
     os.utime(source, ns=(1, 1))  # touched, same bytes: still done
     (out / "vision" / "compiled.pth").unlink()  # an output gone: redone
@@ -174,7 +176,8 @@ def test_jobs_give_the_same_outputs(fx, tmp_path):
     trees = {}
     for jobs in (1, 2):
         report = normalize_folder(zoo, tmp_path / f"out{jobs}", FolderOptions(jobs=jobs))
-        assert report.counts == {"converted": 7, "skipped": 0, "failed": 2, "planned": 0}
+        assert report.counts == {"converted": 7, "skipped": 0, "failed": 2, "planned": 0,
+                                 "no weights": 0}
         trees[jobs] = _tree_bytes(tmp_path / f"out{jobs}")
     assert sorted(trees[1]) == sorted(CONVERTED.values())
     assert trees[2] == trees[1]  # byte for byte, not only the names

@@ -79,6 +79,52 @@ def test_an_accelerate_state_folder_is_a_folder_of_checkpoints(accelerate_state,
         "model.pth", "optimizer.pth", "random_states_0.pth", "scheduler.pth"]
 
 
+@pytest.fixture(scope="session")
+def accelerate_saved(tmp_path_factory):
+    """accelerate's own save_state after a step of training (model, AdamW, a scheduler, a
+    dataloader), and the unwrapped model's state dict it saved."""
+    accelerate = pytest.importorskip("accelerate", reason="the test extra's accelerate")
+    torch.manual_seed(0)
+    accelerator = accelerate.Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)),
+                                       batch_size=4)
+    model, optimizer, scheduler, data = accelerator.prepare(model, optimizer, scheduler, data)
+    for (batch,) in data:
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    folder = tmp_path_factory.mktemp("accelerate") / "checkpoint_1"
+    accelerator.save_state(str(folder))
+    return folder, {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+
+
+def test_folder_mode_skips_training_state_of_a_save_state_folder(accelerate_saved, run,
+                                                                 tmp_path):
+    """The optimizer, scheduler and RNG files hold no model weights: reported as such and not
+    converted (exit 0); the model is, bit for bit; ``--select all`` converts them all."""
+    folder, weights = accelerate_saved
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "model.safetensors", "optimizer.bin", "random_states_0.pkl", "scheduler.bin"]
+    result = run("normalize", folder, tmp_path / "out", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    states = {f["source"]: f["status"] for f in report["files"]}
+    assert states == {"model.safetensors": "converted", "optimizer.bin": "no weights",
+                      "random_states_0.pkl": "no weights", "scheduler.bin": "no weights"}
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.pth")) == ["model.pth"]
+    got = torch.load(tmp_path / "out" / "model.pth", weights_only=True)
+    assert sorted(got) == sorted(weights) and all(same_bits(got[k], v) for k, v in weights.items())
+    text = run("normalize", folder, tmp_path / "again")
+    assert text.exit_code == 0 and "3 training state without model weights" in text.stdout
+    every = run("normalize", folder, tmp_path / "all", "--select", "all")
+    assert every.exit_code == 0 and len(list((tmp_path / "all").glob("*.pth"))) == 4
+    assert run("check", folder).exit_code == 1  # still gated: its RNG state needs numpy
+
+
 def test_the_cli_keeps_a_dst_folder_slash(fx, run, tmp_path):
     """``normalize ckpt.pth shards/`` writes a shard set, as the Python call does."""
     result = run("normalize", fx["plain"], f"{tmp_path / 'shards'}/")

@@ -61,7 +61,9 @@ class Layout:
     the files beside it that the layout names but that hold no checkpoint
     (``latest``, ``config.json``), which a folder search does not list as
     unchecked; ``many`` says why the folder is a folder of checkpoints rather
-    than one (each of its files read on its own).
+    than one (each of its files read on its own), ``unweighted`` which of
+    those hold training state and no model weights (an optimizer, a scheduler,
+    RNG state: folder mode skips them unless ``--select all``).
     """
 
     main: Any  # Path, or a remote path
@@ -71,6 +73,7 @@ class Layout:
     tag: str | None = None
     quiet: tuple[Any, ...] = ()
     many: str | None = None
+    unweighted: tuple[Any, ...] = ()
     index: ShardIndex | None = None
 
 

@@ -28,10 +28,12 @@ __all__ = ["Found", "Discovery", "discover", "inside"]
 
 @dataclass(frozen=True)
 class Found:
-    """One checkpoint: a file, a shard index, or a DCP folder; ``files`` it covers."""
+    """One checkpoint: a file, a shard index, or a DCP folder; ``files`` it covers;
+    ``weights`` False for training state a layout says holds no model weights."""
 
     path: Path
     files: tuple[Path, ...]
+    weights: bool = True
 
 
 @dataclass
@@ -75,6 +77,7 @@ def discover(root: Path) -> Discovery:
     found = Discovery()
     covered: set[Path] = set()
     quiet: set[Path] = set()
+    unweighted: set[Path] = set()
 
     def take(path: Path, folder: Path, names: frozenset[str] | None, name: str | None
              ) -> None:
@@ -85,9 +88,12 @@ def discover(root: Path) -> Discovery:
                 found.checkpoints.append(Found(path, (path,) if name else ()))
                 covered.add(path)
             return
-        if layout is None or layout.many is not None:
+        if layout is None:
             return
         quiet.update(layout.quiet)
+        unweighted.update(layout.unweighted)
+        if layout.many is not None:
+            return
         if layout.reader is None or set(layout.files) <= covered:
             return  # one file, classified by its bytes below; or found already
         found.checkpoints.append(Found(Path(layout.main), layout.files))
@@ -110,7 +116,7 @@ def discover(root: Path) -> Discovery:
                 continue
             reason = _classify(path)
             if reason is None:
-                found.checkpoints.append(Found(path, (path,)))
+                found.checkpoints.append(Found(path, (path,), path not in unweighted))
             elif path not in quiet:
                 found.others.append((path, reason))
     found.checkpoints.sort(key=lambda item: str(item.path))

@@ -12,7 +12,9 @@ library's reader loads one at a time live here:
 - an accelerate ``save_state`` folder: its ``model.safetensors`` sits beside
   ``optimizer.bin``, ``random_states_0.pkl`` and more, each a checkpoint of its
   own, which reading the folder as the model alone would silently leave out:
-  a folder of checkpoints, read one file at a time (folder mode).
+  a folder of checkpoints, read one file at a time (folder mode), which skips
+  the files that hold no model weights (optimizer, scheduler, RNG state)
+  unless ``--select all``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ __all__ = ["ModelFolder", "TrainingState", "listing", "not_one_checkpoint", "WEI
 # a library's weights file in a model folder, by the name the library gives it
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "diffusion_pytorch_model.safetensors",
                 "diffusion_pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
-# what accelerate's save_state writes beside the model: checkpoints of their own
-TRAINING_STATE = ("optimizer*.bin", "optimizer*.pt", "scheduler*.bin", "scheduler*.pt",
-                  "sampler*.bin", "random_states_*.pkl", "scaler*.pt", "custom_checkpoint_*.pkl")
+# what accelerate's save_state writes beside the model: checkpoints of their own, all but
+# the registered objects (custom_checkpoint_N.pkl: an EMA model, say) without model weights
+UNWEIGHTED = ("optimizer*.bin", "optimizer*.pt", "scheduler*.bin", "scheduler*.pt",
+              "sampler*.bin", "random_states_*.pkl", "scaler*.pt")
+TRAINING_STATE = (*UNWEIGHTED, "custom_checkpoint_*.pkl")
 # what a model folder holds beside its weights: configs, tokenizers, cards, code
 COMPANIONS = ("*.json", "*.md", "*.txt", "*.model", "*.yaml", "*.yml", "*.py", "*.jinja",
               "*.tiktoken", ".gitattributes", "LICENSE*")
@@ -47,8 +51,7 @@ def listing(folder: Path) -> frozenset[str]:
 
 
 def _companions(folder: Any, names: frozenset[str], taken: str) -> tuple[Any, ...]:
-    return tuple(folder / n for n in sorted(names) if n != taken and any(
-        fnmatch.fnmatchcase(n, pattern) for pattern in COMPANIONS))
+    return tuple(folder / n for n in sorted(names) if n != taken and _matches(n, COMPANIONS))
 
 
 class ModelFolder:
@@ -74,7 +77,8 @@ class TrainingState:
             return None
         models = [n for n in WEIGHT_FILES if names is not None and n in names]
         shown = [*models, *state]
-        return Layout(folder, (), many=(
+        unweighted = tuple(folder / n for n in state if _matches(n, UNWEIGHTED))
+        return Layout(folder, (), unweighted=unweighted, many=(
             f"is a folder of checkpoints (an accelerate save_state folder: "
             f"{', '.join(shown[:5])}{' …' if len(shown) > 5 else ''}): name the one to read "
             f"(e.g. {folder / shown[0]}); check and normalize also take a folder of checkpoints "
@@ -82,7 +86,11 @@ class TrainingState:
 
 
 def _training_state(names: frozenset[str]) -> list[str]:
-    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in TRAINING_STATE))
+    return sorted(n for n in names if _matches(n, TRAINING_STATE))
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def not_one_checkpoint(folder: Any) -> InputError:

@@ -54,7 +54,10 @@ class TextFormatter:
                       if f.status == "planned"]
         else:
             lines = [f"{report.src} -> {report.dst}{part}: {counts['converted']} converted, "
-                     f"{counts['skipped']} skipped (done before), {counts['failed']} failed; "
+                     f"{counts['skipped']} skipped (done before), {counts['failed']} failed"
+                     + (f", {counts['no weights']} training state without model weights "
+                        "(--select all converts them)" if counts["no weights"] else "")
+                     + "; "
                      f"{human_bytes(report.bytes_in)} in, {human_bytes(report.bytes_out)} out, "
                      f"{report.seconds:.1f} s"]
         lines += [f"  failed {f.source}: {f.reason}" for f in report.files

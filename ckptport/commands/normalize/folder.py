@@ -94,6 +94,7 @@ class Status(TextEnum):
 
     CONVERTED = "converted"
     SKIPPED = "skipped"  # done before, from the same bytes and options
+    UNWEIGHTED = "no weights"  # training state (optimizer, RNG): not converted (--select all)
     FAILED = "failed"
     PLANNED = "planned"  # a dry run
 
@@ -186,9 +187,14 @@ def _folder(dst: str | os.PathLike[str]) -> Path | RemotePath:
     return url
 
 
+_UNWEIGHTED = ("training state (optimizer, scheduler or RNG state), no model weights: not "
+               "converted; --select all converts it")
+
+
 def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
                 ) -> tuple[list[_Task], list[FileOutcome], list[tuple[str, str]]]:
-    """The files of this part to convert, collisions (as failures), and non-checkpoints."""
+    """The files of this part to convert, the outcomes the plan decides (collisions, as
+    failures; training state, as not converted), and non-checkpoints."""
     fmt = FORMATS.get(settings.to)
     if fmt is None:
         raise OutputError(f"unknown output format {settings.to!r} (known: "
@@ -208,7 +214,7 @@ def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
         raise OptionError(f"is a folder of checkpoints, which folder mode writes to a folder, "
                           f"but DST {dst} names a file; name a folder", src)
     tasks: list[_Task] = []
-    failed: list[FileOutcome] = []
+    decided: list[FileOutcome] = []
     taken: dict[str, str] = {}
     for item in found.checkpoints:
         source = item.path.relative_to(src).as_posix()
@@ -216,16 +222,19 @@ def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
             continue
         output = _output_name(item, src, fmt)
         if output in taken:
-            failed.append(FileOutcome(source, output, Status.FAILED,
+            decided.append(FileOutcome(source, output, Status.FAILED,
                                       f"its output {output} is also {taken[output]}'s; rename "
                                       "one of them"))
             continue
         taken[output] = source
         size = sum(p.stat().st_size for p in item.files if p.is_file())
+        if not item.weights and settings.options.select != "all":
+            decided.append(FileOutcome(source, output, Status.UNWEIGHTED, _UNWEIGHTED, size))
+            continue
         tasks.append(_Task(item, source, output, size))
     others = [(p.relative_to(src).as_posix(), why) for p, why in found.others
               if in_part(p.relative_to(src).as_posix(), settings.part)]
-    return tasks, failed, others
+    return tasks, decided, others
 
 
 # -- the journal ----------------------------------------------------------------------
