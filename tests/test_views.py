@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 import ckptport
 
-SMALL, LARGE = 300, 1200  # 4x the tensors: a quadratic step would cost 16x
+SMALL, LARGE = 150, 600  # 4x the tensors: a quadratic step would cost 16x
 
 
 def _files(folder: Path, n: int) -> dict[str, Path]:
