@@ -19,6 +19,15 @@ the target is >= 4x faster than the single-stream download:
 
     python -m bench.bench_remote --size-gb 1 --capped 20 --runs 1
 
+With ``--moto`` (issue 30) the ``.safetensors`` file is put into moto's S3
+server (in this process) and ``normalize s3://… s3://…/clean/`` (a shard set)
+is timed against boto3's own download followed by its multipart upload of the
+same bytes (``download_file`` + ``upload_file``, their default parallel
+transfers); the command's temporary folder is polled for its peak size. The
+targets: <= 2.0x the download + upload, peak local disk <= the largest shard:
+
+    python -m bench.bench_remote --size-gb 2 --moto --runs 1
+
 Data goes under bench/out/ (gitignored) and is deleted at the end.
 """
 
@@ -71,6 +80,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep bench/out/remote")
     parser.add_argument("--capped", type=float, metavar="MBPS",
                         help="cap each connection at MBPS MB/s and time parallel reads")
+    parser.add_argument("--moto", action="store_true",
+                        help="time remote -> remote normalize through moto's S3 server")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     ckptport = [sys.executable, "-m", "ckptport"]
@@ -84,6 +95,9 @@ def main() -> None:
                             "--no-verify"], check=True, stdout=subprocess.DEVNULL)
         if args.capped:
             capped(server, safetensors, args.capped * 1e6, args.runs, ckptport)
+            return
+        if args.moto:
+            through_moto(safetensors, args.runs, ckptport)
             return
         rows = []
         for path in (safetensors, pth):
@@ -156,6 +170,66 @@ def capped(server: ObjectServer, path: Path, rate: float, runs: int,
             print(f"{name:24s} {moved.get('connections', '?')!s:>11s} {seconds:8.1f} "
                   f"{faster:9.1f} {moved.get('throughput', 0) / 1e6:7.1f} "
                   f"{moved.get('requests', 0):9d}  {target}")
+
+
+def through_moto(path: Path, runs: int, ckptport: list[str]) -> None:
+    """``normalize s3://… s3://…/`` against boto3's download + multipart upload."""
+    import os
+    import threading
+
+    import boto3
+
+    from fixtures.servers import moto_environment
+
+    shard = "1GB"
+    with moto_environment():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="bench")
+        client.upload_file(str(path), "bench", f"src/{path.name}")
+        plain = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            client.download_file("bench", f"src/{path.name}", str(OUT / "plain.bin"))
+            client.upload_file(str(OUT / "plain.bin"), "bench", "plain/copy.bin")
+            plain.append(time.perf_counter() - start)
+            (OUT / "plain.bin").unlink()
+        spool = OUT / "tmp"
+        spool.mkdir(exist_ok=True)
+        peak = [0]
+        done = threading.Event()
+
+        def poll() -> None:  # the command's local disk: its temporary folder
+            while not done.wait(0.05):
+                used = sum(f.stat().st_size for f in spool.rglob("*") if f.is_file())
+                peak[0] = max(peak[0], used)
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        ours = []
+        env = {**os.environ, "TMPDIR": str(spool)}
+        for _ in range(runs):
+            command = [*ckptport, "normalize", f"s3://bench/src/{path.name}", "s3://bench/clean/",
+                       "--max-shard-size", shard, "--overwrite", "--format", "json", "-q"]
+            start = time.perf_counter()
+            made = subprocess.run(command, capture_output=True, text=True, env=env)
+            ours.append(time.perf_counter() - start)
+            if made.returncode:
+                raise SystemExit(made.stderr)
+        done.set()
+        watcher.join()
+        sizes = [o["Size"] for o in client.list_objects_v2(Bucket="bench", Prefix="clean/")
+                 ["Contents"]]
+        report = json.loads(made.stdout)["transferred"]
+    baseline, seconds = min(plain), min(ours)
+    print(f"{path.name}: {path.stat().st_size / 1e9:.2f} GB through moto (127.0.0.1), "
+          f"--max-shard-size {shard}")
+    print(f"{'what':44s} {'seconds':>8s} {'x plain':>8s}  target")
+    print(f"{'boto3 download_file + upload_file':44s} {baseline:8.1f} {1:8.2f}")
+    print(f"{'normalize s3://…/src s3://…/clean/':44s} {seconds:8.1f} "
+          f"{seconds / baseline:8.2f}  <= 2.0x: {'ok' if seconds <= 2 * baseline else 'MISSED'}")
+    print(f"peak local disk {peak[0] / 1e9:.2f} GB, largest shard {max(sizes) / 1e9:.2f} GB: "
+          f"{'ok' if peak[0] <= max(sizes) else 'MISSED'}; fetched {report['bytes']:,} bytes "
+          f"in {report['requests']} requests")
 
 
 if __name__ == "__main__":

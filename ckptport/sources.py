@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import functools
 import hashlib
 import os
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,26 +31,45 @@ from typing import Any
 from .errors import InputError, InputIsADirectoryError
 
 __all__ = ["SourceFile", "MemorySource", "open_source", "check_regular", "Snapshot",
-           "sha256_files", "read_more_than_once", "rereads_expected"]
+           "sha256_files", "read_more_than_once", "rereads_expected", "libc_fallocate"]
 
 Snapshot = tuple[int, int, int, int]  # device, inode, size, mtime_ns
-_REREADS: contextvars.ContextVar[bool] = contextvars.ContextVar("rereads", default=False)
+_REREADS: contextvars.ContextVar[bool | int] = contextvars.ContextVar("rereads", default=False)
 
 
 @contextlib.contextmanager
-def read_more_than_once() -> Iterator[None]:
+def read_more_than_once(limit: int | None = None) -> Iterator[None]:
     """Sources resolved inside will be read more than once (``normalize`` hashes its
     source and verifies its output against it): a source that fetches its bytes over
-    the network keeps them, one on disk has nothing to do."""
-    token = _REREADS.set(True)
+    the network keeps them (at most ``limit`` bytes of them, the most recent: a remote
+    DST holds one shard on local disk, and so does the source), one on disk has nothing
+    to do."""
+    token = _REREADS.set(True if limit is None else max(1, limit))
     try:
         yield
     finally:
         _REREADS.reset(token)
 
 
-def rereads_expected() -> bool:
+def rereads_expected() -> bool | int:
+    """False, True, or the most bytes of one source to keep (``read_more_than_once``)."""
     return _REREADS.get()
+
+
+@functools.cache
+def libc_fallocate() -> Any:
+    """Linux's ``fallocate(fd, mode, offset, length)`` (None elsewhere): reserves blocks
+    for a file being written (``writers.staging``), punches holes in a spool
+    (``remote.objects``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):  # pragma: no cover - a libc without it
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    call.restype = ctypes.c_int
+    return call
 
 
 def check_regular(path: Path) -> os.stat_result:

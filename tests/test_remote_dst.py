@@ -131,6 +131,49 @@ def test_remote_source_to_remote_destination(bucket, source, run, tmp_path):
     assert same.exit_code == 2 and "is the source" in same.stderr
 
 
+def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, tmp_path,
+                                                            monkeypatch):
+    """A remote shard set from a remote source: the source's spool holds at most one
+    shard's worth (the oldest ranges are dropped and fetched again when read again)."""
+    from ckptport.remote import objects
+
+    assert run("normalize", source, f"s3://{BUCKET}/a/model.pth", "-q").exit_code == 0
+    most = [0]
+    kept = objects.Spool.keep
+
+    def counting(self: Any, start: int, data: memoryview) -> None:
+        kept(self, start, data)
+        most[0] = max(most[0], self._held)
+        assert self.limit == 5_000_000 and self._held <= self.limit
+
+    monkeypatch.setattr(objects.Spool, "keep", counting)
+    result = run("normalize", f"s3://{BUCKET}/a/model.pth", f"s3://{BUCKET}/set/",
+                 "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert 0 < most[0] <= 5_000_000
+    (tmp_path / "model.pth").write_bytes(_get(bucket, "a/model.pth"))
+    assert run("normalize", tmp_path / "model.pth", tmp_path / "set", "--max-shard-size", "5MB",
+               "-q").exit_code == 0
+    for path in (tmp_path / "set").iterdir():
+        assert _get(bucket, f"set/{path.name}") == path.read_bytes()
+
+
+def test_a_bounded_spool_drops_the_oldest_and_never_reads_a_hole():
+    from ckptport.remote.objects import Spool
+
+    spool = Spool(limit=10)
+    data = bytes(range(24))
+    for start in (0, 8, 16):
+        spool.claim(start, start + 8)
+        spool.keep(start, memoryview(data[start:start + 8]))
+        spool.release([(start, start + 8)])
+    assert spool.missing(0, 24) == [(0, 16)]  # two dropped to keep 8 <= 10 bytes
+    buffer = memoryview(bytearray(24))
+    lost = spool.read_held(0, buffer, [])
+    assert lost == [(0, 16)] and bytes(buffer[16:]) == data[16:]
+    spool.close()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("s3://missing-bucket/x.pth",), "s3://missing-bucket/x.pth: no such bucket 'missing-bucket'"),
     ((f"s3://{BUCKET}/x.unknown",), "cannot tell the output format"),

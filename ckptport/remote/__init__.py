@@ -55,7 +55,7 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
     from ..sources import rereads_expected
 
     if rereads_expected():
-        path.pins[KEEP_FETCHED] = True
+        path.pins[KEEP_FETCHED] = rereads_expected()  # True, or the most bytes to keep
     url = path.url
     if url.key and not url.key.endswith("/"):
         return None

@@ -25,6 +25,7 @@ room for the whole object and 1 GiB more, and never with
 from __future__ import annotations
 
 import bisect
+import collections
 import io
 import os
 import shutil
@@ -34,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..sources import SourceFile
+from ..sources import SourceFile, libc_fallocate
 from . import meter
 from .fetching import ATTEMPTS, Backend, NotFound, Transient, missing_extra, retrying
 from .urls import KEEP_FETCHED
@@ -80,7 +81,9 @@ class RemoteFile(SourceFile):
         self._lock = threading.Lock()
         self._mapped = None
         self._ahead = threading.local()
-        self.spool = Spool.for_size(backend.size) if path.pins.get(KEEP_FETCHED) else None
+        keep = path.pins.get(KEEP_FETCHED)
+        self.spool = Spool.for_size(backend.size, None if keep is True else keep) \
+            if keep else None
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._ahead_until = 0  # the prefetch has queued the bytes before this
@@ -190,11 +193,8 @@ class RemoteFile(SourceFile):
                 self.spool.keep(start, piece)
         finally:
             self.spool.release(gaps)
-        position = offset
-        for start, stop in [*gaps, (end, end)]:
-            if position < start:
-                self.spool.read_into(position, buffer[position - offset:start - offset])
-            position = stop
+        for start, stop in self.spool.read_held(offset, buffer, gaps):  # evicted meanwhile
+            self._get(start, buffer[start - offset:stop - offset])
 
     def changed(self) -> bool:
         return self.backend.current_version() != self.version
@@ -223,25 +223,34 @@ class RemoteFile(SourceFile):
 
 
 class Spool:
-    """Byte ranges of one object already fetched, in an unlinked temporary file."""
+    """Byte ranges of one object already fetched, in an unlinked temporary file.
 
-    def __init__(self) -> None:
+    With a ``limit``, at most that many bytes are held: the oldest ranges kept are
+    dropped (their blocks freed: a hole punched) to make room, and a later read of them
+    fetches them again. Held bytes are read under the lock, so a range is never dropped
+    while it is being read.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
         self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
         self.fd = self.file.fileno()
         self._lock = threading.Condition()
         self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
         self._stops: list[int] = []
         self._fetching: list[tuple[int, int]] = []  # ranges a thread is fetching now
+        self.limit = limit
+        self._kept: collections.deque[tuple[int, int]] = collections.deque()  # oldest first
+        self._held = 0
 
     @classmethod
-    def for_size(cls, size: int) -> Spool | None:
+    def for_size(cls, size: int, limit: int | None = None) -> Spool | None:
         if os.environ.get("CKPTPORT_REMOTE_SPOOL") == "0":
             return None
         try:
             free = shutil.disk_usage(tempfile.gettempdir()).free
         except OSError:
             return None
-        return cls() if free > size + SPOOL_HEADROOM else None
+        return cls(limit) if free > min(size, limit or size) + SPOOL_HEADROOM else None
 
     def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The parts of ``[start, stop)`` not held, in order."""
@@ -288,6 +297,8 @@ class Spool:
             self._lock.notify_all()
 
     def keep(self, start: int, data: memoryview) -> None:
+        """Hold ``data`` (a range this thread claimed), dropping the oldest held ranges
+        beyond ``limit``."""
         done = 0
         try:
             while done < len(data):
@@ -298,10 +309,55 @@ class Spool:
             stop = start + len(data)
             i = bisect.bisect_left(self._stops, start)  # first range that may touch
             j = bisect.bisect_right(self._starts, stop)  # past the last that may touch
+            low, high = start, stop
             if i < j:
-                start, stop = min(start, self._starts[i]), max(stop, self._stops[j - 1])
-            self._starts[i:j] = [start]
-            self._stops[i:j] = [stop]
+                low, high = min(start, self._starts[i]), max(stop, self._stops[j - 1])
+            self._starts[i:j] = [low]
+            self._stops[i:j] = [high]
+            if self.limit is None or not len(data):
+                return
+            self._kept.append((start, stop))
+            self._held += len(data)
+            while self._held > self.limit and len(self._kept) > 1:
+                self._drop(*self._kept.popleft())
+
+    def _drop(self, start: int, stop: int) -> None:
+        """Stop holding ``[start, stop)`` (inside one held range) and free its blocks."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        low, high = self._starts[i], self._stops[i]
+        if i < 0 or not low <= start < stop <= high:  # not held whole: keep it (never lose
+            return  # track of a byte that is held)
+        pieces = [(a, b) for a, b in ((low, start), (stop, high)) if a < b]
+        self._starts[i:i + 1] = [a for a, _ in pieces]
+        self._stops[i:i + 1] = [b for _, b in pieces]
+        self._held -= stop - start
+        fallocate = libc_fallocate()
+        if fallocate is not None:  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+            fallocate(self.fd, 0x02 | 0x01, start, stop - start)
+
+    def read_held(self, offset: int, buffer: memoryview,
+                  fetched: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Fill ``buffer`` (from ``offset``) from the spool, but for the ``fetched`` ranges
+        already in it; the ranges no longer held (dropped meanwhile) are returned."""
+        end = offset + len(buffer)
+        wanted, position = [], offset
+        for start, stop in [*fetched, (end, end)]:
+            if position < start:
+                wanted.append((position, start))
+            position = stop
+        lost = []
+        with self._lock:
+            for start, stop in wanted:
+                gone = self._missing(start, stop)
+                lost += gone
+                held, position = [], start
+                for a, b in [*gone, (stop, stop)]:
+                    if position < a:
+                        held.append((position, a))
+                    position = b
+                for a, b in held:
+                    self.read_into(a, buffer[a - offset:b - offset])
+        return lost
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         done = 0

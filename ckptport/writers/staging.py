@@ -23,14 +23,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from ..errors import (
     CkptportError,
@@ -39,6 +37,7 @@ from ..errors import (
     OutputOSError,
     OutputPermissionError,
 )
+from ..sources import libc_fallocate
 
 __all__ = ["StagedFile", "staged_file", "staged_folder", "publish_folder", "fsync_dir",
            "preallocate",
@@ -116,7 +115,7 @@ def preallocate(file: BinaryIO, size: int) -> bool:
     the file is written as before: ``posix_fallocate`` is not used, since
     glibc emulates it by writing every block.
     """
-    fallocate = _fallocate()
+    fallocate = libc_fallocate()
     try:
         fd = file.fileno()
     except (AttributeError, OSError, ValueError):  # io.BytesIO and the like
@@ -129,19 +128,6 @@ def preallocate(file: BinaryIO, size: int) -> bool:
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         raise OSError(code, os.strerror(code))
     return False
-
-
-@functools.cache
-def _fallocate() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        call = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):  # pragma: no cover - a libc without it
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    call.restype = ctypes.c_int
-    return call
 
 
 class StagedFile:

@@ -201,7 +201,10 @@ def normalize_file(
     final_dst = destination.path
     if hash_name:
         destination = staging_destination(destination)
-    with read_more_than_once():  # hashed, read and verified: fetched bytes are kept
+    # hashed, read and verified: fetched bytes are kept; with a remote shard set as DST, a
+    # window of one shard's size (local disk: that and the shard being written)
+    keep = remote.local.shard_size if remote is not None else None
+    with read_more_than_once(keep):
         source = src if isinstance(src, Source) else resolve(src, tag)
     store = None
     if remote is not None:
