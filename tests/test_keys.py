@@ -377,12 +377,17 @@ def test_a_key_too_long_for_a_costly_pattern_is_refused_naming_it():
     equivalent is linear and renames any key."""
     keys = ["a.b.weight", "x" * 2000 + ".y.bias"]
     (rule,) = key_rules(NormalizeOptions(rename=((r"(.*)\.(.*)\.weight", r"\2"),)).key_steps)
-    with pytest.raises(RuleError, match="a key of 2007 characters .* of at most 464"):
+    with pytest.raises(RuleError, match="a name of 2007 characters .* of at most 464"):
         rule(_checkpoint(keys))
     (rule,) = key_rules(NormalizeOptions(rename=((r"^([^.]*)\.([^.]*)\.weight$", r"\2"),)
                                          ).key_steps)
     renamed, _ = rule(_checkpoint(keys))
     assert list(renamed.tree) == ["b", keys[1]]
+    versioned = _checkpoint(keys[:1])  # a module path of _metadata is renamed like a key
+    versioned.tree._metadata = OrderedDict([("", {}), ("m" * 2000, {"version": 1})])
+    (rule,) = key_rules(NormalizeOptions(rename=((r"(.*)\.(.*)\.weight", r"\2"),)).key_steps)
+    with pytest.raises(RuleError, match="a name of 2000 characters"):
+        rule(versioned)
 
 
 def test_python_310_reads_json_recipes_and_says_why_not_toml(det, monkeypatch):

@@ -76,6 +76,12 @@ def _all_keys(checkpoint: Checkpoint) -> list[str]:
     return [key for _, state in state_dicts(checkpoint.tree) for key in state]
 
 
+def _module_paths(checkpoint: Checkpoint) -> list[str]:
+    """The module paths of every state dict's ``_metadata`` (renamed like keys)."""
+    return [str(module) for _, state in state_dicts(checkpoint.tree)
+            for module in getattr(state, "_metadata", None) or ()]
+
+
 def _top_prefixes(keys: Sequence[str], limit: int = 8) -> str:
     counts = Counter(k.split(".", 1)[0] for k in keys)
     shown = [f"{prefix} ({count})" for prefix, count in counts.most_common(limit)]
@@ -250,13 +256,13 @@ class Rename:
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
         compiled, bound = compile_rename(self.pattern, self.replacement)
         keys = _all_keys(checkpoint)
-        longest = max(keys, key=len, default="")
+        longest = max((*keys, *_module_paths(checkpoint)), key=len, default="")
         if len(longest) > bound.longest():
-            raise RuleError(f"--rename {self.pattern!r}: a key of {len(longest)} characters "
+            raise RuleError(f"--rename {self.pattern!r}: a name of {len(longest)} characters "
                             f"({longest[:40]!r}…); this pattern's matching can cost n^"
-                            f"{bound.degree} steps on n characters, so it renames keys of at "
-                            f"most {bound.longest()} (anchor it with ^…$, or use [^.]* for .*)",
-                            checkpoint.source.path)
+                            f"{bound.degree} steps on n characters, so it renames keys and "
+                            f"module paths of at most {bound.longest()} (anchor it with ^…$, "
+                            "or use [^.]* for .*)", checkpoint.source.path)
         if self.require_match and not any(compiled.search(k) for k in keys):
             raise RuleError(f"--rename {self.pattern!r}: matches no key (the keys' top-level "
                             f"prefixes are {_top_prefixes(keys)})", checkpoint.source.path)
