@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,3 +224,56 @@ def test_a_small_size_without_a_unit_is_refused(fx, run, tmp_path, size):
     assert result.exit_code == 2 and "without a unit is" in result.stderr
     assert "name the unit" in result.stderr and not (tmp_path / "out").exists()
 
+
+
+def _hub_set(folder: Path) -> Path:
+    """A shard set as the hub writes it (``huggingface_hub.save_torch_state_dict``)."""
+    from huggingface_hub import save_torch_state_dict
+
+    torch.manual_seed(0)
+    state = {"layer0.weight": torch.randn(16, 16), "layer1.weight": torch.randn(8, 16),
+             "layer2.weight": torch.randn(8, 16), "layer3.weight": torch.randn(16, 16)}
+    folder.mkdir()
+    save_torch_state_dict(state, folder, max_shard_size=1100)
+    assert len(list(folder.glob("model-*-of-00003.safetensors"))) == 3
+    return folder / "model.safetensors.index.json"
+
+
+def _cut(doc: dict) -> None:  # shard 2's keys gone from the index: a cut index
+    doc["weight_map"] = {k: v for k, v in doc["weight_map"].items() if "00002" not in v}
+
+
+def _doubled(doc: dict, folder: Path) -> None:  # shard 2 (layer1, layer2) named twice
+    shutil.copy(folder / "model-00002-of-00003.safetensors",
+                folder / "model-2-of-00003.safetensors")
+    doc["weight_map"]["layer2.weight"] = "model-2-of-00003.safetensors"
+
+
+def _foreign(doc: dict, folder: Path) -> None:  # a shard of another save's set
+    (folder / "model-00002-of-00003.safetensors").rename(
+        folder / "model-00002-of-00004.safetensors")
+    doc["weight_map"].update({"layer1.weight": "model-00002-of-00004.safetensors",
+                              "layer2.weight": "model-00002-of-00004.safetensors"})
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda doc, folder: _cut(doc), "shard 2 is named by no key"),
+    (_doubled, "names one shard as 2 files (model-00002-of-00003.safetensors, "
+               "model-2-of-00003.safetensors)"),
+    (_foreign, "shards of 2 different sets"),
+])
+def test_a_numbered_shard_set_is_whole_or_refused(run, tmp_path, edit, message):
+    """The hub numbers its shards (-00002-of-00003): an index that names no key of a shard
+    left that shard's tensors out silently; one shard under two names, or shards of two
+    sets, are files of two saves."""
+    index = _hub_set(tmp_path / "set")
+    whole = run("normalize", index.parent, tmp_path / "whole.safetensors")
+    assert whole.exit_code == 0, whole.stderr
+    doc = json.loads(index.read_text())
+    edit(doc, index.parent)
+    index.write_text(json.dumps(doc))
+    result = run("normalize", index.parent, tmp_path / "o.pth")
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "o.pth").exists()
+    checked = run("check", index.parent)
+    assert checked.exit_code == 1 and "CKP013" in checked.stdout and message in checked.stdout

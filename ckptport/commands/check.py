@@ -357,13 +357,15 @@ CODES = {rule.code: rule for rule in (
               "ckptport normalize SRC DST (keeps them as data); --ignore CKP012 to accept a "
               "package you trust", _third_party_calls),
     CheckCode("CKP013", "partial-layout", Severity.ERROR,
-              "a sharded checkpoint that is not whole: a rank file missing, world sizes that "
-              "disagree, rank files left over from an earlier run with more ranks, shards that "
-              "do not tile a tensor, or one rank's file read alone",
+              "a sharded checkpoint that is not whole: a rank file missing, a rank claimed by "
+              "two files (rank_1 and rank_01, bf16_ beside plain), rank files of another run "
+              "or left over from one with more ranks, pieces (shards, DCP chunks) that leave a "
+              "gap or overlap in a tensor, or one rank's file read alone",
               "consolidating it fails or silently mixes runs; a single rank's file holds a "
               "fraction of each tensor",
-              "save again from every rank, remove stale rank files, or check the whole "
-              "folder (DeepSpeed tag folder, folder of rank files)", _partial_layout),
+              "save again from every rank, remove stale or foreign rank files, or check the "
+              "whole folder (DeepSpeed tag folder, folder of rank files or shard files)",
+              _partial_layout),
     CheckCode("CKP014", "expansion", Severity.ERROR,
               "tensors that stand for more bytes than the budget allows relative to the "
               "file's size (stride-0 or overlapping views), naming the biggest",

@@ -11,6 +11,7 @@ set ckptport wrote records the names it left out in the index's metadata,
 
 from __future__ import annotations
 
+import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
 from .base import Layout, Names, ReadOptions, Source
 from .budget import largest as biggest
+from .layouts import LayoutError, layout_problem
 
 __all__ = ["ShardsReader"]
 
@@ -36,6 +38,42 @@ def _parsed(index: Any) -> ShardIndex:
     if file.size > MAX_INDEX_BYTES:
         raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
     return parse_index(index, data=file.read(0, file.size))
+
+
+# the hub's shard names: "model-00002-of-00003.safetensors", "pytorch_model-00001-of-00002.bin"
+_NUMBERED = re.compile(r"(.+)-([0-9]+)-of-([0-9]+)(\.[A-Za-z]+)")
+
+
+def numbered_shards(index: ShardIndex) -> None:
+    """Refuse an index whose shards are numbered (``-00002-of-00003``) but are not one save's
+    whole set: a shard no key names (its tensors would be silently left out: a cut index),
+    a number two files claim, or numbers of different counts (files of two saves). An
+    index naming its shards otherwise makes no such claim."""
+    matches = [_NUMBERED.fullmatch(shard.name) for shard in index.shards]
+    if not matches or not all(matches):
+        return
+    kinds = {(m[1], m[4], int(m[3])) for m in matches if m}
+    if len(kinds) > 1:
+        raise LayoutError(f"names shards of {len(kinds)} different sets ("
+                          f"{', '.join(sorted({m.string for m in matches if m})[:3])}): files of "
+                          "different saves", index.path)
+    (_, _, count), = kinds
+    claims: dict[int, list[str]] = {}
+    for m in matches:
+        if m:
+            claims.setdefault(int(m[2]), []).append(m.string)
+    doubled = next((names for names in claims.values() if len(names) > 1), None)
+    if doubled:
+        raise LayoutError(f"names one shard as {len(doubled)} files ({', '.join(doubled)}): "
+                          "one shard, one file", index.path)
+    named = ", ".join(map(str, sorted(claims)))
+    absent = sorted(set(range(1, count + 1)) - set(claims))
+    if absent:
+        raise LayoutError(f"its weight map names shards {named} of {count}: shard {absent[0]} "
+                          "is named by no key (a cut index leaves its tensors out)", index.path)
+    if max(claims) > count:
+        raise LayoutError(f"its weight map names shards {named} of {count}: shard "
+                          f"{max(claims)} is past the count", index.path)
 
 
 class ShardsReader:
@@ -62,6 +100,13 @@ class ShardsReader:
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
         index = source.index
         assert index is not None
+        try:
+            numbered_shards(index)
+        except LayoutError as exc:
+            if not options.lenient:
+                raise
+            return layout_problem(index.path, index.format, source.files, "shard set",
+                                  [exc.message])
         tree: OrderedDict[str, Any] = OrderedDict()
         owner: dict[str, str] = {}
         locations: Counter[str] = Counter()
