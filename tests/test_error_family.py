@@ -444,3 +444,22 @@ def test_json_nested_past_the_recursion_limit_is_never_an_internal_error(run, tm
         if code == 2:
             assert result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "o.pth").exists()
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (("--strip-prefix", "nope"), "--strip-prefix nope."), (("--keep", "zzz*"), "--keep zzz*"),
+    (("--rename", "^zzz", "y"), "--rename '^zzz'"), (("--subtree", "nope"), "--subtree nope"),
+])
+def test_diff_refuses_an_option_that_matches_neither_file(fx, run, args, option):
+    result = run("diff", fx["plain"], fx["plain"], *args)
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert f"{option}: matches no key in A or B (A: " in result.stderr
+
+
+def test_diff_keeps_an_option_that_matches_one_file(fx, run, tmp_path):
+    """A prefix only one side carries is what a diff of a wrapped and a clean file needs."""
+    wrapped = tmp_path / "wrapped.pth"
+    torch.save({f"net.{k}": v for k, v in torch.load(fx["plain"], weights_only=True).items()},
+               wrapped)
+    result = run("diff", wrapped, fx["plain"], "--strip-prefix", "net")
+    assert result.exit_code == 0, result.output

@@ -28,8 +28,9 @@ from typing import Any
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..compare import TensorDelta, Tolerance, compare_tensor, leaf_equal
 from ..dtypes import dtype_of
+from ..errors import RuleError
 from ..progress import Progress, no_progress
-from ..rules import NormalizeOptions, apply_rules
+from ..rules import NormalizeOptions, apply_rules, check_selection
 from ..tensors import nbytes, view_key
 from ..tree import children
 from .manifests import ManifestComparison
@@ -164,9 +165,35 @@ def compare_checkpoints(a: Checkpoint, b: Checkpoint, tolerance: Tolerance, *,
                         options_b: NormalizeOptions | None = None, raw: bool = False,
                         progress: Progress = no_progress) -> DiffReport:
     """A against B, each normalized with its options (the same, but for a one-sided map)."""
+    if not raw and options_a is not None and options_a == options_b:
+        _selects_on_a_side(a, b, options_a)
     side_a, leaves_a = prepare(a, options_a, raw)
     side_b, leaves_b = prepare(b, options_b, raw)
     return compare_sides(side_a, leaves_a, side_b, leaves_b, tolerance, raw, progress)
+
+
+def _selects_on_a_side(a: Checkpoint, b: Checkpoint, options: NormalizeOptions) -> None:
+    """A key option may match one side only (a prefix only B carries), but one that matches
+    neither is a typo: when the first option each side's names refuse is the same one, it
+    selected nothing in either file (the options before it matched on both)."""
+    refused = [exc for exc in (_refusal(a, options), _refusal(b, options)) if exc is not None]
+    if len(refused) == 2 and _option(refused[0]) == _option(refused[1]):
+        causes = [exc.message.partition(": ")[2] for exc in refused]
+        raise RuleError(f"{_option(refused[0])}: matches no key in A or B (A: {causes[0]}; B: "
+                        f"{causes[1]})", a.source.path)
+
+
+def _refusal(side: Checkpoint, options: NormalizeOptions) -> RuleError | None:
+    try:
+        check_selection(side, options)
+    except RuleError as exc:
+        return exc
+    return None
+
+
+def _option(exc: RuleError) -> str:
+    """The option a rule's error names first (``--keep zzz*``)."""
+    return exc.message.partition(": ")[0]
 
 
 def compare_sides(side_a: Side, leaves_a: dict[KeyPath, Any], side_b: Side,
