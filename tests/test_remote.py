@@ -381,6 +381,25 @@ def test_bad_remote_timeout_is_one_line(spec, run, monkeypatch):
     assert result.exit_code == 2 and "remote timeout" in result.stderr
 
 
+def test_the_watchdog_fires_in_a_forked_child():
+    """A process forked after the watchdog started (a worker pool) has no watchdog thread
+    of its own: it starts one when it first arms an alarm."""
+    import os
+    import time
+
+    from ckptport.remote.deadline import armed
+
+    with armed(time.monotonic() + 0.05) as alarm:
+        time.sleep(0.2)
+    assert alarm.fired
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its alarm fired
+        with armed(time.monotonic() + 0.05) as alarm:
+            time.sleep(0.3)
+        os._exit(0 if alarm.fired else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
 def test_a_library_call_is_waited_for_until_the_deadline_only():
     """huggingface_hub's and boto3's requests hold their own sockets: ``bounded`` stops
     waiting at the deadline (the call's thread ends on its own socket timeouts)."""

@@ -214,7 +214,15 @@ class _Watchdog:
             alarm.fire()
 
 
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there; start afresh when armed."""
+        self._wake = threading.Condition()
+        self._heap, self._thread = [], None
+
+
 WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=WATCHDOG.forget)
 
 
 class armed:  # noqa: N801 - a context manager read as a phrase: ``with armed(ends) as alarm``
