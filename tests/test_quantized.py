@@ -429,3 +429,42 @@ def test_a_scheme_ckptport_does_not_know_is_not_cast_either(tmp_path, run):
     assert refused.exit_code == 2 and "does not dequantize" in refused.stderr
     kept = run("normalize", path, tmp_path / "kept.safetensors")
     assert kept.exit_code == 0
+
+
+# -- check: CKP016 --------------------------------------------------------------------------
+
+
+def _codes_of(run, path) -> dict[str, list[str]]:
+    doc = json.loads(run("check", path, "--format", "json").stdout)
+    found: dict[str, list[str]] = {}
+    for finding in doc["files"][0]["findings"]:
+        found.setdefault(finding["code"], []).append(f"{finding['key']}: {finding['message']}")
+    return found
+
+
+def test_check_passes_quantized_checkpoints_that_dequantize(fp8, mxfp4, run):
+    for path in (fp8, mxfp4, QUANTIZED_FIXTURES / "ct-nvfp4a16" / "model.safetensors"):
+        assert "CKP016" not in _codes_of(run, path), path
+
+
+@pytest.mark.parametrize(("tensors", "key", "why"), [
+    ({"w.weight_scale_inv": torch.ones(1, 1)}, "w.weight_scale_inv", "without its weight"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+      "w.weight_scale_inv": torch.ones(3, 2)}, "w.weight", "does not tile"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+      "w.weight_scale_inv": torch.tensor([[1.0, 0.0], [float("nan"), 1.0]])},
+     "w.weight_scale_inv", "NaN or infinite, 1 zero"),
+    ({"w.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+      "w.weight_scale_inv": torch.ones(2, 2),
+      "v.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn)}, "v.weight",
+     "without a scale"),
+    ({"m.weight_packed": torch.zeros(4, 5, dtype=torch.int32),
+      "m.weight_scale": torch.ones(4, 1), "m.weight_shape": torch.tensor([4, 64])},
+     "m.weight_packed", "cannot hold"),
+])
+def test_check_finds_what_cannot_be_dequantized(tmp_path, run, tensors, key, why):
+    path = tmp_path / "bad.safetensors"
+    save_file(tensors, path)
+    hits = _codes_of(run, path).get("CKP016", [])
+    assert any(h.startswith(f"{key}: ") and why in h for h in hits), hits
+    assert run("check", path, "--codes", "CKP016").exit_code == 1

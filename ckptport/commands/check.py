@@ -294,6 +294,12 @@ def _partial_layout(file: FileUnderCheck) -> Iterable[Hit]:
                     "rank files as one checkpoint")
 
 
+def _quantization(file: FileUnderCheck) -> Iterable[Hit]:
+    from ..analysis.quantized import quantization_findings
+
+    yield from quantization_findings(file.checkpoint, values=file.values_readable)
+
+
 CODES = {rule.code: rule for rule in (
     CheckCode("CKP001", "device-bound", Severity.WARNING,
               "storages the file records on a device other than the CPU (cuda:3)",
@@ -380,6 +386,15 @@ CODES = {rule.code: rule for rule in (
               "the artifact does not hold the weights that were signed, in any container",
               "ship the signed weights (ckptport normalize keeps them), or sign the new ones",
               _against_signature, lambda settings: settings.attestation is not None),
+    CheckCode("CKP016", "quantization", Severity.ERROR,
+              "a quantized checkpoint that cannot be dequantized correctly: a scale without "
+              "its weight or an FP8 weight without its scale, scales that do not tile the "
+              "weight or are NaN, infinite or zero, packed widths that do not divide, a "
+              "config.json that contradicts the tensors, a tensor two schemes claim",
+              "every consumer (vLLM, transformers, --dequantize) computes wrong weights or "
+              "fails on it",
+              "re-export the quantized model with its scales (docs/quantized.md)",
+              _quantization),
 )}
 
 

@@ -126,7 +126,7 @@ def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = Non
         try:
             found = list(scheme.find(tensors, config))
         except QuantError as exc:
-            raise QuantError(str(exc.args[0]), path) from None
+            raise QuantError(exc.message, path) from None
         for weight in found:
             for name in weight.tensors:
                 other = owner.get(name)

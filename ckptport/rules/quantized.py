@@ -52,7 +52,7 @@ def quantization_of(checkpoint: Checkpoint) -> dict[str, Any]:
     try:
         found = recognized(checkpoint)
     except CkptportError as exc:
-        return {"error": str(exc.args[0])}
+        return {"error": exc.message}
     weights = [{**w, "weight": f"{prefix}.{w['weight']}" if prefix else w["weight"]}
                for prefix, recognition in found for w in recognition.describe()["weights"]]
     schemes: dict[str, int] = {}
