@@ -266,8 +266,10 @@ def test_slow_or_lying_peers_end_on_time(server, run, tmp_path, monkeypatch, fau
     server.reset()
     server.faults[fault] = -1
     out = tmp_path / "out.safetensors"
-    for args in (("inspect", server.url + "/model.pth"),
-                 ("normalize", server.url + "/model.pth", out, "-q")):
+    commands = [("inspect", server.url + "/model.pth")]
+    if fault == "drip_body":  # and a command that writes leaves nothing
+        commands.append(("normalize", server.url + "/model.pth", out, "-q"))
+    for args in commands:
         result = run("--remote-timeout", timeout, *args)
         assert result.exit_code == 2, result.stdout
         assert result.stderr.count("\n") == 1, result.stderr
