@@ -332,17 +332,27 @@ def verify(src: Any, trusted: TrustedKeys, *, signatures: tuple[Path, ...] = (),
         notes.append(f"not checked: {oms[0].path} (a remote source's files are not "
                      "downloaded; its weights are checked)")
     attestation = weights[0] if weights else None
-    with ThreadPoolExecutor(1) as pool:
-        files = pool.submit(compare_files, Path(src), oms[0]) if oms and not remote else None
-        comparison = None
-        if attestation is not None:
-            expected = attestation.manifest
-            read = checkpoint or open_checkpoint(src, trust=trust, max_expansion=max_expansion,
-                                                 tag=tag)
-            actual = manifest_of(read, manifest_options(expected), jobs=jobs,
-                                 progress=progress)
-            comparison = compare_manifests(expected, actual)
-        compared = None if files is None else files.result()
+    local_files = oms[0] if oms and not remote else None
+    compared, comparison = None, None
+    if attestation is None:
+        compared = None if local_files is None else compare_files(Path(src), local_files)
+    else:
+        found: list[FilesComparison] = []
+
+        def with_files(normalized: Checkpoint) -> dict[Any, str]:
+            """The files checked by the read that also hashes the tensors in them."""
+            assert local_files is not None
+            ranges = TensorRanges(normalized.tree)
+            found.append(compare_files(Path(src), local_files, ranges, jobs))
+            return ranges.done
+
+        expected = attestation.manifest
+        read = checkpoint or open_checkpoint(src, trust=trust, max_expansion=max_expansion,
+                                             tag=tag)
+        actual = manifest_of(read, manifest_options(expected), jobs=jobs, progress=progress,
+                             known=None if local_files is None else with_files)
+        comparison = compare_manifests(expected, actual)
+        compared = found[0] if found else None
     if compared is not None and not compared.same and comparison is not None \
             and _weights_same(comparison):
         notes.append("the files are not the signed files (another container or layout?) but "

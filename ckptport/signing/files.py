@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import InputError, SignatureError
 from .bundles import SignedStatement
 from .keys import cause, library
+from .onepass import TensorRanges, tapped_config
 
 __all__ = ["FILE_HASHES", "FilesComparison", "files_payload", "compare_files", "hash_model"]
 
@@ -61,8 +62,11 @@ def files_payload(model: Path, ignored: Iterable[Path], algorithm: str) -> Any:
     return library().signing.Payload(hash_model(model, config))
 
 
-def compare_files(model: Path, signed: SignedStatement) -> FilesComparison:
-    """``model``'s files now against an OMS statement (verified)."""
+def compare_files(model: Path, signed: SignedStatement, ranges: TensorRanges | None = None,
+                  jobs: int | None = None) -> FilesComparison:
+    """``model``'s files now against an OMS statement (verified); with ``ranges``, a
+    signature over whole files in sha256 is checked by the read that also hashes the
+    tensors lying in them (``onepass``)."""
     from model_signing import hashing
 
     lib = library()
@@ -72,7 +76,9 @@ def compare_files(model: Path, signed: SignedStatement) -> FilesComparison:
         method = args["method"]
         common = {"hashing_algorithm": args["hash_type"],
                   "allow_symlinks": bool(args["allow_symlinks"])}
-        if method == "files":
+        if method == "files" and args["hash_type"] == "sha256" and ranges is not None:
+            config = tapped_config(ranges, jobs)
+        elif method == "files":
             config = hashing.Config().use_file_serialization(**common)
         elif method == "shards":
             config = hashing.Config().use_shard_serialization(shard_size=args["shard_size"],

@@ -31,7 +31,7 @@ from ..parallel import workers
 from ..tensors import ViewKey, file_range, view_key
 from ..tree import iter_tensors
 
-__all__ = ["TensorRanges", "one_pass_payload"]
+__all__ = ["TensorRanges", "one_pass_payload", "tapped_config"]
 
 CHUNK = 8 << 20
 FileKey = tuple[int, int]  # (st_dev, st_ino): a file however its path is spelled
@@ -104,16 +104,13 @@ def _hash_file(path: Path, ranges: TensorRanges, lanes: int) -> bytes:
     return file_sha.digest()
 
 
-def one_pass_payload(model: Path, ignored: list[Path], ranges: TensorRanges,
-                     jobs: int | None = None) -> Any:
-    """``model_signing``'s sha256 payload over ``model``'s files, read once, its tensors'
-    digests left in ``ranges.done``."""
+def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
+    """A ``model_signing`` hashing config over files with sha256 whose hasher reads each
+    file once and hashes the tensors lying in it into ``ranges`` on the way."""
     from model_signing import hashing
     from model_signing._hashing import hashing as engines
     from model_signing._hashing import io
     from model_signing._serialization import file
-
-    from .keys import library
 
     lanes = max(1, workers(jobs) - 1)
 
@@ -134,8 +131,17 @@ def one_pass_payload(model: Path, ignored: list[Path], ranges: TensorRanges,
         def compute(self) -> Any:
             return engines.Digest("sha256", _hash_file(self._path, ranges, lanes))
 
-    config = hashing.Config().set_ignored_paths(paths=ignored, ignore_git_paths=True)
+    config = hashing.Config()
     config._serializer = file.Serializer(TappedHasher, max_workers=workers(jobs))  # noqa: SLF001
-    from .files import hash_model
+    return config
 
+
+def one_pass_payload(model: Path, ignored: list[Path], ranges: TensorRanges,
+                     jobs: int | None = None) -> Any:
+    """``model_signing``'s sha256 payload over ``model``'s files, read once, its tensors'
+    digests left in ``ranges.done``."""
+    from .files import hash_model
+    from .keys import library
+
+    config = tapped_config(ranges, jobs).set_ignored_paths(paths=ignored, ignore_git_paths=True)
     return library().signing.Payload(hash_model(model, config))
