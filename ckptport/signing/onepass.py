@@ -114,7 +114,7 @@ def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
 
     lanes = max(1, workers(jobs) - 1)
 
-    class TappedHasher(io.FileHasher):  # type: ignore[misc]
+    class TappedHasher(io.FileHasher):
         """A sha256 ``FileHasher`` that also hashes the tensors lying in the file."""
 
         def __init__(self, path: Path) -> None:
@@ -131,7 +131,7 @@ def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
         def compute(self) -> Any:
             return engines.Digest("sha256", _hash_file(self._path, ranges, lanes))
 
-    config = hashing.Config()
+    config = hashing.Config()  # type: ignore[no-untyped-call]
     config._serializer = file.Serializer(TappedHasher, max_workers=workers(jobs))  # noqa: SLF001
     return config
 
