@@ -99,6 +99,21 @@ class Unpickled:
 # -- one load -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _CodeHook:
+    """What a load does when the file reaches code through an attribute or a call:
+    refuses it, or (a report's lenient read) records the name."""
+
+    lenient: bool
+    seen: dict[str, Name]
+    dangerous: dict[str, Name]
+
+    def __call__(self, name: str, message: str) -> None:
+        if not self.lenient:
+            raise CodeReached(f"{REFUSED_PREFIX.removesuffix(':')}: {message}", name)
+        self.dangerous.setdefault(name, self.seen.get(name) or Name(name, name))
+
+
 class _Load:
     """The state of unpickling one pickle: what it named, made and asked for."""
 
@@ -114,14 +129,10 @@ class _Load:
         self.classes: dict[str, Any] = {}
         self.storages: dict[str, StorageRef] = {}
         self.references: Counter[str] = Counter()  # persistent loads per storage
+        # neither holds the load itself: a cycle would keep every storage alive past the load
+        self.code = code = _CodeHook(lenient, self.seen, self.dangerous)
         self.getattr = Allowed("builtins.getattr", lambda target=None, name=None, *default:
-                               getattr_record(target, name, default, self.code))
-
-    def code(self, name: str, message: str) -> None:
-        """The file reaches code through an attribute or a call: refused, or recorded."""
-        if not self.lenient:
-            raise CodeReached(f"{REFUSED_PREFIX.removesuffix(':')}: {message}", name)
-        self.dangerous.setdefault(name, self.seen.get(name) or Name(name, name))
+                               getattr_record(target, name, default, code))
 
     def find(self, module: str, name: str) -> Any:
         resolved = names.resolve(module, name, self.protocol)
