@@ -39,7 +39,7 @@ class Binding:
 def _source(module: str) -> tuple[Path, bool] | None:
     """The ``.py`` file of ``module`` and whether it is a package, found without importing."""
     path: list[str] | None = None
-    spec = None
+    origin: str | None = None
     parts = module.split(".")
     for depth in range(1, len(parts) + 1):
         try:
@@ -48,13 +48,13 @@ def _source(module: str) -> tuple[Path, bool] | None:
             return None
         if spec is None:
             return None
+        origin = spec.origin
         path = list(spec.submodule_search_locations or ()) or None
         if depth < len(parts) and path is None:
             return None  # a module that is not a package has no submodules
-    origin = spec.origin if spec is not None else None
     if not (isinstance(origin, str) and origin.endswith(".py")):
         return None  # an extension module or a namespace package: nothing to read
-    return Path(origin), spec.submodule_search_locations is not None
+    return Path(origin), path is not None
 
 
 def submodule(module: str, name: str) -> bool:
