@@ -790,3 +790,21 @@ def test_an_hf_shard_file_under_a_name_that_is_no_shard_name(dist, run, tmp_path
                 folder / "shard-0000\u0662-model-00001-of-00002.safetensors")
     _refused(run, folder, tmp_path / "out.safetensors", "is a folder of checkpoints")
     _checked(run, folder, "'fc1.weight' is its part at [7, 0]")
+
+
+@pytest.mark.parametrize(("layout", "victim"), [
+    ("fsdp2/ws2", "model_rank1.pt"),
+    ("fsdp1/ws2", "model_rank1.pt"),
+    ("dcp/ws2/dtensor", "__1_0.distcp"),
+    ("hf/ws2/fsdp2/sharded", "shard-00002-model-00001-of-00002.safetensors"),
+])
+def test_a_truncated_member_of_every_sharded_layout_is_refused(dist, run, tmp_path, layout,
+                                                               victim):
+    """A rank file cut short (a partial copy): exit 2 naming the file, nothing written."""
+    folder = _copy(dist / layout, tmp_path / "layout")
+    path = folder / victim
+    path.write_bytes(path.read_bytes()[:-40])
+    _refused(run, folder, tmp_path / "out.safetensors", victim)
+    result = run("check", folder)
+    assert result.exit_code in (1, 2) and victim in result.stdout, result.stdout
+    assert "Traceback" not in result.stderr

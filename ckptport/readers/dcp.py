@@ -140,6 +140,15 @@ def read_dcp_metadata(folder: Path) -> Any:
         if getattr(info, "transform_descriptors", None):
             raise InputError(f"DCP data in {name} is transformed (compressed); ckptport reads "
                              "plain DCP data only", path)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise InputError(f"corrupt DCP metadata: a byte range of {name} that is not one",
+                             path)
+        size = data_file.stat().st_size
+        if offset + length > size:
+            raise InputError(f"DCP data file {name} holds {size} bytes; the metadata reads "
+                             f"bytes {offset}..{offset + length} of it (a truncated data "
+                             "file, or another save's)", path)
     return metadata
 
 
