@@ -30,3 +30,17 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.dtype == b.dtype and a.shape == b.shape
             and torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
                             b.contiguous().reshape(-1).view(torch.uint8)))
+
+
+def refused(run: Any, src: Path, dst: Path, *words: str) -> str:
+    """``normalize src dst`` refused: exit 2, one stderr line naming every word, nothing
+    written, the source untouched; the line."""
+    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    result = run("normalize", src, dst)
+    assert result.exit_code == 2, result.stdout
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert all(word in line for word in words), line
+    assert not dst.exists()
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
+    return line

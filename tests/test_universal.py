@@ -14,11 +14,11 @@ import json
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from fixtures.hostile import PROTO2, STOP, system, write_zip
+from tests.helpers import refused
 
 
 def _zero_to_fp32(folder: Path) -> dict[str, torch.Tensor]:
@@ -32,16 +32,6 @@ def _zero_to_fp32(folder: Path) -> dict[str, torch.Tensor]:
 
 def _copy(dist: Path, name: str, tmp_path: Path) -> Path:
     return Path(shutil.copytree(dist / "ds" / "universal" / name, tmp_path / name))
-
-
-def _refused(run: Any, src: Path, dst: Path, *words: str) -> str:
-    result = run("normalize", src, dst)
-    assert result.exit_code == 2, result.stdout
-    line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line, line
-    assert all(word in line for word in words), line
-    assert not dst.exists()
-    return line
 
 
 def test_universal_gives_the_fp32_masters(dist, run, tmp_path):
@@ -65,17 +55,17 @@ def test_universal_gives_the_fp32_masters(dist, run, tmp_path):
     assert not any(f["path"].endswith("fp32.pt") for f in report["files"])
 
 
-def test_a_zero3_universal_save_without_its_frozen_layers_is_refused(dist, run, tmp_path):
+def test_a_zero3_universal_save_without_its_frozen_layers_isrefused(dist, run, tmp_path):
     """ds_to_universal leaves ZeRO-3's frozen parameters out: refused, never filled from the
     half-precision module."""
-    _refused(run, dist / "ds" / "universal" / "s3_bf16", tmp_path / "out.pth",
+    refused(run, dist / "ds" / "universal" / "s3_bf16", tmp_path / "out.pth",
              "frozen.weight", "ZeRO-3")
 
 
 def test_a_missing_parameter_file(dist, run, tmp_path):
     folder = _copy(dist, "s2_bf16", tmp_path)
     shutil.rmtree(folder / "zero" / "fc2.bias")
-    _refused(run, folder, tmp_path / "out.pth", "zero/fc2.bias/fp32.pt", "partly copied")
+    refused(run, folder, tmp_path / "out.pth", "zero/fc2.bias/fp32.pt", "partly copied")
     checked = run("check", folder)
     assert checked.exit_code == 1 and "CKP013" in checked.stdout
 
@@ -84,7 +74,7 @@ def test_a_truncated_parameter_file(dist, run, tmp_path):
     folder = _copy(dist, "s2_bf16", tmp_path)
     path = folder / "zero" / "fc1.weight" / "fp32.pt"
     path.write_bytes(path.read_bytes()[:-300])
-    _refused(run, folder, tmp_path / "out.pth", str(path))
+    refused(run, folder, tmp_path / "out.pth", str(path))
     checked = run("check", folder)
     assert checked.exit_code == 2 and f"{path}: CKP008" in checked.stdout
 
@@ -93,7 +83,7 @@ def test_a_parameter_file_of_another_shape(dist, run, tmp_path):
     folder = _copy(dist, "s2_bf16", tmp_path)
     torch.save({"param": torch.zeros(2, 2), "cat_dim": 0}, folder / "zero" / "fc1.bias" /
                "fp32.pt")
-    _refused(run, folder, tmp_path / "out.pth", "fc1.bias", "[2, 2]", "[13]")
+    refused(run, folder, tmp_path / "out.pth", "fc1.bias", "[2, 2]", "[13]")
 
 
 def test_a_hostile_parameter_file(dist, run, tmp_path, sentinel):
@@ -101,7 +91,7 @@ def test_a_hostile_parameter_file(dist, run, tmp_path, sentinel):
     victim = folder / "zero" / "emb.weight" / "fp32.pt"
     victim.unlink()
     write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
-    assert "os.system" in _refused(run, folder, tmp_path / "out.pth", str(victim))
+    assert "os.system" in refused(run, folder, tmp_path / "out.pth", str(victim))
     checked = run("check", folder)
     assert checked.exit_code == 1 and f"{victim}: CKP003" in checked.stdout
     assert not sentinel.exists()

@@ -45,6 +45,7 @@ from .safetensors import SafetensorsReader
 from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
 from .universal import UniversalReader
+from .verl import VerlReader
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
@@ -162,8 +163,8 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 READERS: tuple[Reader | LayoutReader, ...] = (
     TorchZipReader(), TorchScriptReader(), LegacyReader(), SafetensorsReader(),
     DcpReader(_load_file), UniversalReader(_load_file), DeepSpeedReader(_load_file),
-    RankFilesReader(_load_file), TrainingState(), HfShardsReader(), ShardsReader(_load_file),
-    ModelFolder())
+    VerlReader(RankFilesReader(_load_file)), RankFilesReader(_load_file), TrainingState(),
+    HfShardsReader(), ShardsReader(_load_file), ModelFolder())
 
 
 def _reader_for(source: Source) -> Reader:
