@@ -207,7 +207,7 @@ def judge_attribute(owner: str, name: str) -> Verdict:
     is judged by its home.
     """
     made = f"{owner}.{name}"
-    if stdlib.is_stdlib(made):  # a closed table: the attribute is code unless data
+    if stdlib.is_stdlib(made) or made.startswith("numpy."):  # closed tables: code unless data
         return _CODE if is_code(made) else _INERT
     module, _, short = owner.rpartition(".")
     holder = reach(module, short)
