@@ -114,9 +114,15 @@ def check_tiling(name: str, where: Path, frame: tuple[int, ...],
     if not held:
         raise TilingError(f"{name}: no piece holds element {index} of its {list(frame)} "
                           f"(a missing or short shard; pieces from "
-                          f"{', '.join(sorted({b[2] for b in boxes})) or 'no file'})", where)
+                          f"{_few(sorted({b[2] for b in boxes})) or 'no file'})", where)
     raise TilingError(f"{name}: element {index} of its {list(frame)} is held by "
-                      f"{len(held)} pieces ({', '.join(held)}): overlapping shards", where)
+                      f"{len(held)} pieces ({_few(held)}): overlapping shards", where)
+
+
+def _few(names: list[str], shown: int = 4) -> str:
+    """Names for a one-line message: the first few, and how many more."""
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 # -- pieces ------------------------------------------------------------------------------
