@@ -26,7 +26,7 @@ same bytes (``download_file`` + ``upload_file``, their default parallel
 transfers); the command's temporary folder is polled for its peak size. The
 targets: <= 2.0x the download + upload, peak local disk <= the largest shard:
 
-    python -m bench.bench_remote --size-gb 2 --moto --runs 1
+    python -m bench.bench_remote --size-gb 2 --moto --runs 1 --shard 1GB
 
 Data goes under bench/out/ (gitignored) and is deleted at the end.
 """
@@ -82,6 +82,7 @@ def main() -> None:
                         help="cap each connection at MBPS MB/s and time parallel reads")
     parser.add_argument("--moto", action="store_true",
                         help="time remote -> remote normalize through moto's S3 server")
+    parser.add_argument("--shard", default="1GB", help="--moto: the shard set's shard size")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     ckptport = [sys.executable, "-m", "ckptport"]
@@ -97,7 +98,7 @@ def main() -> None:
             capped(server, safetensors, args.capped * 1e6, args.runs, ckptport)
             return
         if args.moto:
-            through_moto(safetensors, args.runs, ckptport)
+            through_moto(safetensors, args.runs, ckptport, args.shard)
             return
         rows = []
         for path in (safetensors, pth):
@@ -172,7 +173,7 @@ def capped(server: ObjectServer, path: Path, rate: float, runs: int,
                   f"{moved.get('requests', 0):9d}  {target}")
 
 
-def through_moto(path: Path, runs: int, ckptport: list[str]) -> None:
+def through_moto(path: Path, runs: int, ckptport: list[str], shard: str) -> None:
     """``normalize s3://… s3://…/`` against boto3's download + multipart upload."""
     import os
     import threading
@@ -181,7 +182,6 @@ def through_moto(path: Path, runs: int, ckptport: list[str]) -> None:
 
     from fixtures.servers import moto_environment
 
-    shard = "1GB"
     with moto_environment():
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench")
