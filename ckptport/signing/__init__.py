@@ -256,15 +256,20 @@ class VerifyReport:
                             f"weights digest sha256:{a.manifest.digest}")
             else:
                 made.append(f"weights: differ from {a.path} (signed, {a.by}):")
-                made += [f"  missing {n}" for n in w.missing]
-                made += [f"  extra {n}" for n in w.unexpected]
-                made += [f"  different {e.name}: {_what(e, g)}" for e, g in w.changed]
+                made += _differences(w, "  ")
         verdict = "verified" if self.exit_code == 0 else "NOT verified"
         return [f"{self.path}: {verdict}", *made, *self.notes]
 
 
 def _weights_same(c: ManifestComparison) -> bool:
     return not (c.missing or c.unexpected or c.changed)
+
+
+def _differences(c: ManifestComparison, indent: str) -> list[str]:
+    """Each tensor missing, extra or different, one line each."""
+    return [*(f"{indent}missing {n}" for n in c.missing),
+            *(f"{indent}extra {n}" for n in c.unexpected),
+            *(f"{indent}different {e.name}: {_what(e, g)}" for e, g in c.changed)]
 
 
 def _what(expected: Any, actual: Any) -> str:
@@ -395,9 +400,7 @@ class ChainReport:
         else:
             made.append("  re-derived: the output is not what the recorded options make of "
                         "the source:")
-            made += [f"    missing {n}" for n in r.missing]
-            made += [f"    extra {n}" for n in r.unexpected]
-            made += [f"    different {e.name}: {_what(e, g)}" for e, g in r.changed]
+            made += _differences(r, "    ")
         return made
 
 
