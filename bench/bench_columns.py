@@ -14,7 +14,7 @@ Target (issues 26 and 27): assembling costs no more than one pass over the
 bytes: at most 2x the whole file's wall time (the whole file is written by a
 kernel copy, the assembled one by one strided copy per piece per 16 MiB read)
 and its peak private memory plus 32 MiB. Before the strided assembly (one
-Python object per row) the default 6e6 rows took 58 s and 1.9 GB; measured
+Python object per row) the default 6e6 rows took 58 s and 1.9 GB peak RSS; measured
 here: 0.77 s and 54 MiB private (0.69x and +3 MiB of the whole file's), at
 6e7 rows 3.6 s and 80 MiB (1.88x, +15 MiB). Run from the repository root:
 
