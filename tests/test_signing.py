@@ -467,3 +467,44 @@ def test_signing_reads_each_tensor_once(models, pki, tmp_path, monkeypatch, fx):
         model_signing.verifying.Config().use_elliptic_key_verifier(
             public_key=pki["pub"]).verify(single, report.files_signature)
         hashed.clear()
+
+
+def test_an_intermediate_certificate_chains_to_the_root(models, pki, tmp_path, run):
+    root_key, middle_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(2))
+    root = _certificate(tmp_path / "root.pem", "root", root_key, None, ca=True)
+    middle = _certificate(tmp_path / "middle.pem", "middle", middle_key, ("root", root_key),
+                          ca=True)
+    signer_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = _certificate(tmp_path / "leaf.pem", "leaf", signer_key, ("middle", middle_key),
+                        ca=False)
+    single = tmp_path / "m.safetensors"
+    single.write_bytes(models["file"].read_bytes())
+    result = run("sign", single, "--key", _pem_key(signer_key, tmp_path / "leaf.key.pem"),
+                 "--certificate", leaf, "--certificate-chain", middle)
+    assert result.exit_code == 0, result.output
+    assert run("verify", single, "--certificate-chain", root).exit_code == 0
+    model_signing.verifying.Config().use_certificate_verifier(
+        certificate_chain=[root]).verify(single, f"{single}.sig")
+    assert run("verify", single, "--certificate-chain", pki["root"]).exit_code == 2
+
+
+def test_blake3_file_signatures_verify_with_model_signings_api(models, pki, tmp_path):
+    single = tmp_path / "m.safetensors"
+    single.write_bytes(models["file"].read_bytes())
+    sign(single, _key(pki), file_hash="blake3")
+    assert json.loads(base64.b64decode(json.loads(Path(f"{single}.sig").read_text())
+                                       ["dsseEnvelope"]["payload"]))["predicate"][
+        "serialization"]["hash_type"] == "blake3"
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pki["pub"]).verify(
+        single, f"{single}.sig")
+    assert verify(single, TrustedKeys(public_keys=(pki["pub"],))).files.same
+
+
+def test_without_the_extra_signing_says_how_to_get_it(models, pki, tmp_path, monkeypatch, run):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "model_signing._signing", None)
+    single = tmp_path / "m.safetensors"
+    single.write_bytes(models["file"].read_bytes())
+    result = run("sign", single, "--key", pki["key"])
+    assert result.exit_code == 2 and "pip install 'ckptport[sign]'" in result.stderr
