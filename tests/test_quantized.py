@@ -468,3 +468,68 @@ def test_check_finds_what_cannot_be_dequantized(tmp_path, run, tensors, key, why
     hits = _codes_of(run, path).get("CKP016", [])
     assert any(h.startswith(f"{key}: ") and why in h for h in hits), hits
     assert run("check", path, "--codes", "CKP016").exit_code == 1
+
+
+# -- bitsandbytes: its CPU backend quantizes and dequantizes (the oracle) -------------------
+
+
+@pytest.fixture(scope="module")
+def bnb_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Linear4bit (NF4 nested, FP4) and Linear8bitLt quantized on the CPU by bitsandbytes, the
+    state dict it saves, and what its own dequantizers give for each weight."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import dequantize_4bit, int8_vectorwise_dequant
+
+    g = torch.Generator().manual_seed(3)
+    model = torch.nn.Module()
+    model.nf4 = bnb.nn.Linear4bit(256, 64, bias=False, quant_type="nf4",
+                                  compress_statistics=True)
+    model.nf4.weight = bnb.nn.Params4bit(torch.randn(64, 256, generator=g).bfloat16(),
+                                         requires_grad=False, quant_type="nf4",
+                                         compress_statistics=True)
+    model.fp4 = bnb.nn.Linear4bit(128, 32, bias=False, quant_type="fp4",
+                                  compress_statistics=False)
+    model.fp4.weight = bnb.nn.Params4bit(torch.randn(32, 128, generator=g), requires_grad=False,
+                                         quant_type="fp4", compress_statistics=False)
+    model.int8 = bnb.nn.Linear8bitLt(128, 16, bias=False, has_fp16_weights=False)
+    model.int8.weight = bnb.nn.Int8Params(torch.randn(16, 128, generator=g).half(),
+                                          requires_grad=False, has_fp16_weights=False)
+    model.norm = torch.nn.LayerNorm(16)
+    model = model.to("cpu")  # bitsandbytes quantizes as the weights move to the device
+    path = tmp_path_factory.mktemp("bnb") / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    oracle = {"nf4.weight": dequantize_4bit(model.nf4.weight.data, model.nf4.weight.quant_state),
+              "fp4.weight": dequantize_4bit(model.fp4.weight.data, model.fp4.weight.quant_state),
+              "int8.weight": int8_vectorwise_dequant(model.int8.weight.data,
+                                                     model.int8.weight.SCB)}
+    return path, oracle
+
+
+def test_bitsandbytes_dequantized_as_the_library_does(bnb_model, run, tmp_path):
+    path, oracle = bnb_model
+    for name, expected in oracle.items():  # each in the dtype the library gives it
+        out = tmp_path / f"{name}.safetensors"
+        dtype = str(expected.dtype).removeprefix("torch.")
+        result = run("normalize", path, out, "--dequantize", dtype)
+        assert result.exit_code == 0, result.output
+        written = load_file(out)
+        assert same_bits(written[name], expected), name
+        assert not any(".absmax" in k or k.endswith(".SCB") or "quant_state" in k
+                       for k in written)
+    assert "bitsandbytes" in run("inspect", path).stdout
+    assert run("normalize", path, tmp_path / "cast.safetensors", "--dtype",
+               "float16").exit_code == 2
+
+
+def test_bitsandbytes_quant_state_that_lies_is_refused(bnb_model, run, tmp_path):
+    path, _ = bnb_model
+    state = load_file(path)
+    key = "nf4.weight.quant_state.bitsandbytes__nf4"
+    doc = json.loads(bytes(state[key].tolist()))
+    doc["shape"] = [64, 512]
+    state[key] = torch.tensor(list(json.dumps(doc).encode()), dtype=torch.uint8)
+    lying = tmp_path / "lying.safetensors"
+    save_file(state, lying)
+    result = run("normalize", lying, tmp_path / "out.safetensors", "--dequantize")
+    assert result.exit_code == 2
+    assert "nf4.weight" in result.stderr and "lying.safetensors" in result.stderr
