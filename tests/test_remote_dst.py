@@ -251,6 +251,29 @@ def test_a_failing_server_leaves_nothing(bucket, source, run, operation, fault, 
     _nothing_left(bucket)
 
 
+def test_a_store_without_conditional_writes(bucket, source, run, tmp_path):
+    """A store that answers IfNoneMatch with 501 NotImplemented still gets the object (after a
+    HEAD says there is none), and still refuses to replace one that appeared."""
+    from ckptport.remote.deadline import Timeout
+    from ckptport.remote.s3 import client
+
+    def refuse(request: Any, **kwargs: Any) -> Any:
+        if request.headers.get("If-None-Match"):
+            return _response(501, "NotImplemented")
+        return None
+
+    events = client(Timeout.from_env()).meta.events
+    events.register("before-send.s3.CompleteMultipartUpload", refuse)
+    try:
+        result = run("normalize", source, f"s3://{BUCKET}/plain.safetensors", "-q")
+    finally:
+        events.unregister("before-send.s3.CompleteMultipartUpload", refuse)
+    assert result.exit_code == 0, result.stderr
+    assert run("normalize", source, tmp_path / "plain.safetensors", "-q").exit_code == 0
+    assert _get(bucket, "plain.safetensors") == (tmp_path / "plain.safetensors").read_bytes()
+    _nothing_left(bucket, keep=("plain.safetensors",))
+
+
 def test_one_failing_part_is_retried(bucket, source, run, tmp_path):
     remove = _inject("UploadPart", lambda: _response(500, "InternalError"), after=1, times=1)
     try:
