@@ -152,7 +152,7 @@ def _entry(name: str, info: object, data_len: int) -> Entry:
         raise _Refuse(f"entry {name!r} is not an object")
     code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     dtype = by_safetensors(code) if isinstance(code, str) else None
-    if dtype is None:
+    if dtype is None or not isinstance(code, str):
         raise _Refuse(f"tensor {name!r} has unsupported dtype {code!r}")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise _Refuse(f"tensor {name!r} has an invalid shape {shape!r}")

@@ -73,8 +73,12 @@ class QuantizedWeight:
 class Scheme(Protocol):
     """A quantization scheme: how its weights are recognized and dequantized."""
 
-    name: str
-    reference: str  # the library function whose output ``dequantize`` equals
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reference(self) -> str:
+        """The library function whose output ``dequantize`` equals."""
 
     def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
              ) -> Iterator[QuantizedWeight]: ...

@@ -215,7 +215,7 @@ def _rows(out: Any, first: int, last: int, shape: tuple[int, ...],
             _read(blob, source, memoryview(out[(low - first) * inner:(high - first) * inner]))
             continue
         taken = np.empty((high - low) * row, dtype=np.uint8)  # every byte read just below
-        _read(blob, source, memoryview(taken))
+        _read(blob, source, taken.data)
         grid[(slice(low - first, high - first),
               *(slice(o, o + n) for o, n in zip(offsets[1:], sizes[1:], strict=True)))] = \
             taken.reshape(high - low, *sizes[1:])

@@ -30,7 +30,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import CkptportError, InputError
@@ -209,11 +209,10 @@ def _chunks_tile(folder: Path, fqn: str, item: Any, shape: tuple[int, ...],
     chunks = getattr(item, "chunks", None)
     if not isinstance(chunks, list):
         raise InputError(f"corrupt DCP metadata for {fqn!r}: no chunk list", folder)
-    boxes = []
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
     for chunk in chunks:
         offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
-        if not all(isinstance(v, tuple) and len(v) == len(shape) and all(
-                type(d) is int and d >= 0 for d in v) for v in (offsets, sizes)):
+        if not (_sizes(offsets, len(shape)) and _sizes(sizes, len(shape))):
             raise InputError(f"corrupt DCP metadata for {fqn!r}: a chunk's offsets or sizes "
                              f"are not {len(shape)} sizes", folder)
         info = storage.get(MetadataIndex(fqn, offsets))
@@ -222,6 +221,12 @@ def _chunks_tile(folder: Path, fqn: str, item: Any, shape: tuple[int, ...],
                              "(no storage entry)", folder)
         boxes.append((offsets, sizes, str(getattr(info, "relative_path", "?"))))
     check_tiling(repr(fqn), folder, shape, boxes)
+
+
+def _sizes(value: object, rank: int) -> TypeGuard[tuple[int, ...]]:
+    """Whether a chunk's ``offsets`` or ``sizes`` are ``rank`` sizes (unpickled: anything)."""
+    return (isinstance(value, tuple) and len(value) == rank
+            and all(type(d) is int and d >= 0 for d in value))
 
 
 def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
