@@ -533,3 +533,37 @@ def test_bitsandbytes_quant_state_that_lies_is_refused(bnb_model, run, tmp_path)
     result = run("normalize", lying, tmp_path / "out.safetensors", "--dequantize")
     assert result.exit_code == 2
     assert "nf4.weight" in result.stderr and "lying.safetensors" in result.stderr
+
+
+# -- AutoAWQ GEMM: built as AutoAWQ lays it out; compressed-tensors' converter is the oracle --
+
+
+def test_awq_dequantized_as_compressed_tensors_converts_it(tmp_path, run):
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    g = torch.Generator().manual_seed(4)
+    inputs, outputs, size = 256, 64, 128
+    state = {"m.qweight": torch.randint(-2**31, 2**31 - 1, (inputs, outputs // 8),
+                                        dtype=torch.int32, generator=g),
+             "m.qzeros": torch.randint(-2**31, 2**31 - 1, (inputs // size, outputs // 8),
+                                       dtype=torch.int32, generator=g),
+             "m.scales": (torch.rand(inputs // size, outputs, generator=g) / 10).half(),
+             "norm.weight": torch.ones(outputs).half()}
+    path = tmp_path / "awq.safetensors"
+    save_file(state, path)
+    converted = AutoAWQConverter(bits=4, group_size=size).process(dict(state))
+    scheme = preset_name_to_scheme("W4A16_ASYM", ["Linear"])
+    local = {k.removeprefix("m."): v for k, v in converted.items() if k.startswith("m.")}
+    expected = BaseCompressor.get_value_from_registry("pack-quantized").decompress(
+        local, scheme)["weight"]
+    for dtype in ("float16", "bfloat16"):
+        out = tmp_path / f"{dtype}.safetensors"
+        result = run("normalize", path, out, "--dequantize", dtype)
+        assert result.exit_code == 0, result.output
+        written = load_file(out)
+        assert sorted(written) == ["m.weight", "norm.weight"]
+        assert same_bits(written["m.weight"], expected.to(getattr(torch, dtype)))
+    assert run("normalize", path, tmp_path / "cast.safetensors", "--dtype",
+               "float32").exit_code == 2

@@ -164,7 +164,7 @@ def config_of(path: Path | None) -> Mapping[str, Any] | None:
 
 def _load_schemes() -> None:
     """The scheme modules, each registering itself: a new scheme is one module and one line."""
-    from . import bnb, compressed, fp8_block, mxfp4  # noqa: F401
+    from . import awq, bnb, compressed, fp8_block, mxfp4  # noqa: F401
 
 
 _load_schemes()
