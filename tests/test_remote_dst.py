@@ -231,7 +231,7 @@ FAULTS = [
     ("UploadPart", _reset, "S3 error"),
     ("UploadPart", lambda: _response(400, "BadDigest"), "BadDigest"),
     ("CreateMultipartUpload", lambda: _response(403, "AccessDenied"), "access denied"),
-    ("UploadPartCopy", lambda: _response(503, "SlowDown"), "SlowDown"),
+    ("UploadPartCopy", lambda: _response(503, "ServiceUnavailable"), "ServiceUnavailable"),
 ]
 
 

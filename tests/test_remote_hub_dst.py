@@ -123,7 +123,7 @@ def _move_branch(hub: ObjectServer) -> None:
 
 @pytest.mark.parametrize(("setup", "message"), [
     (lambda hub: setattr(hub, "read_only", True), "access denied (HTTP 403)"),
-    (lambda hub: hub.faults.__setitem__("error_500", -1), "the hub refused"),
+    (lambda hub: hub.faults.__setitem__("reject_upload", -1), "the hub refused"),
     (lambda hub: hub.repos.pop(REPO) and hub.repos.__setitem__("org/other", HubRepo({})),
      "no such repository 'org/dst'"),
 ], ids=["read-only-token", "lfs-upload-fails", "no-repository"])
