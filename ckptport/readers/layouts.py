@@ -11,14 +11,15 @@ its metadata, which ``check`` reports as CKP013.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import InputError
 from .budget import largest
 
-__all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem", "missing_ranks"]
+__all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem", "or_problem",
+           "missing_ranks"]
 
 PROBLEMS = "layout.problems"
 
@@ -74,3 +75,15 @@ def layout_problem(folder: Path, fmt: Format, files: tuple[Path, ...], framework
     problems named."""
     return Checkpoint({}, merged_facts(folder, fmt, [], files, {
         "framework": framework, PROBLEMS: "\n".join(problems)}))
+
+
+def or_problem(read: Callable[[], Checkpoint], folder: Path, fmt: Format,
+               files: tuple[Path, ...], framework: str, lenient: bool) -> Checkpoint:
+    """``read()``; for a report (``lenient``), a layout that is not one checkpoint is read
+    as its problem (``layout_problem``) instead of refused."""
+    try:
+        return read()
+    except LayoutError as exc:
+        if not lenient:
+            raise
+        return layout_problem(folder, fmt, files, framework, [exc.message])

@@ -28,7 +28,7 @@ from ..errors import InputError
 from ..tensors import Pending
 from ..tree import is_tensor
 from .base import Layout, Names, ReadOptions, Source
-from .layouts import LayoutError, layout_problem, merged_facts
+from .layouts import LayoutError, merged_facts, or_problem
 
 __all__ = ["UniversalReader", "FORMAT"]
 
@@ -66,14 +66,8 @@ class UniversalReader:
         return Layout(folder, (folder / states[-1], *masters), self, FORMAT)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        folder = source.main
-        try:
-            return self._load(folder, source.files, options)
-        except LayoutError as exc:
-            if not options.lenient:
-                raise
-            return layout_problem(folder, FORMAT, source.files, "deepspeed universal",
-                                  [exc.message])
+        return or_problem(lambda: self._load(source.main, source.files, options), source.main,
+                          FORMAT, source.files, "deepspeed universal", options.lenient)
 
     def _load(self, folder: Path, files: tuple[Path, ...], options: ReadOptions
               ) -> Checkpoint:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, Format
 from .base import Layout, Names, ReadOptions, Source
-from .layouts import LayoutError, layout_problem, missing_ranks
+from .layouts import LayoutError, missing_ranks, or_problem
 from .ranks import RankFilesReader, one_claim
 
 __all__ = ["VerlReader", "FORMAT"]
@@ -49,20 +49,21 @@ class VerlReader:
                       unweighted=state)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        try:
-            world = _world(source.main, source.files)
-            checkpoint = self.ranks.load(source, options)
-            recorded = checkpoint.source.metadata.get("world_size")
-            if recorded is not None and recorded != str(world):
-                raise LayoutError(f"the files are named for world size {world}, their tensors "
-                                  f"are sharded over {recorded} ranks", source.main)
-        except LayoutError as exc:
-            if not options.lenient:
-                raise
-            return layout_problem(source.main, FORMAT, source.files, "verl", [exc.message])
+        checkpoint = or_problem(lambda: self._load(source, options), source.main, FORMAT,
+                                source.files, "verl", options.lenient)
         facts = checkpoint.source
         return replace(checkpoint, source=replace(facts, format=FORMAT, metadata={
             **facts.metadata, "framework": f"verl FSDP ({facts.metadata.get('framework')})"}))
+
+
+    def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
+        world = _world(source.main, source.files)
+        checkpoint = self.ranks.load(source, options)
+        recorded = checkpoint.source.metadata.get("world_size")
+        if recorded is not None and recorded != str(world):
+            raise LayoutError(f"the files are named for world size {world}, their tensors are "
+                              f"sharded over {recorded} ranks", source.main)
+        return checkpoint
 
 
 def _spelled(name: str) -> tuple[int, int]:
