@@ -64,7 +64,7 @@ class Bitsandbytes:
             elif name.endswith(".SCB"):
                 yield _eight_bit(self, name, tensors)
             elif name.endswith(".weight.absmax") and not any(
-                    n.startswith(name[:-len("absmax")] + "quant_state.") for n in tensors):
+                    f"{name[:-len('.absmax')]}{STATE}{kind}" in tensors for kind in TABLES):
                 raise QuantError(f"{name}: a bitsandbytes absmax without its quant_state")
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
@@ -151,7 +151,7 @@ def _four_bit(scheme: Bitsandbytes, state_name: str, tensors: Mapping[str, Any]
     shape = tuple(_field(state_name, state, "shape",
                          lambda v: isinstance(v, list) and v and all(type(n) is int and n > 0
                                                                      for n in v)))
-    nested = "nested_absmax" in {n[len(base) + 1:] for n in tensors if n.startswith(base + ".")}
+    nested = f"{base}.nested_absmax" in tensors
     count = math.prod(shape)
     roles = {"weight": base, "absmax": f"{base}.absmax", "quant_map": f"{base}.quant_map"}
     if nested:

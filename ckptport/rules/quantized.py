@@ -82,9 +82,10 @@ def refuse_cast(checkpoint: Checkpoint, target: DType, dtypes: Mapping[str, DTyp
                     f"{weight.scheme.name} weight {weight.name} as numbers; dequantize it "
                     f"with --dequantize {target.name} (its scheme's reference values)",
                     checkpoint.source.path)
+    unknown_parts = unrecognized_parts(dtypes)
     for where in sorted(casts):
         dtype = dtypes[where]
-        unknown = _unrecognized_scheme(where, dtypes)
+        unknown = unknown_parts.get(where)
         if unknown:
             raise QuantError(f"{where}: --dtype {target.name} would cast it, but its module "
                              f"also holds {unknown}: the parts of a quantized weight of a "
@@ -100,17 +101,27 @@ def refuse_cast(checkpoint: Checkpoint, target: DType, dtypes: Mapping[str, DTyp
 _QPARAM_WORDS = ("scale", "zero_point", "absmax", "SCB", "qzeros", "quant_state", "quant_map")
 
 
-def _unrecognized_scheme(name: str, tensors: Mapping[str, DType]) -> str | None:
-    """Why ``name`` looks like part of a quantized weight no scheme claimed, if it does: its
-    module holds both quantization parameters (a scale, zero points) and low-precision codes
-    (FP8 or integers), as ModelOpt's NVFP4 and every scheme's parts do."""
-    module = name.rpartition(".")[0]
-    siblings = {n: d for n, d in tensors.items() if n.rpartition(".")[0] == module}
-    qparams = [n for n in siblings if any(w in n.rpartition(".")[2] for w in _QPARAM_WORDS)]
-    codes = [n for n, d in siblings.items() if d.name.startswith("float8") or d.kind in "iu"]
-    if qparams and codes and name in (*qparams, *codes):
-        return f"{qparams[0]} and {codes[0]}"
-    return None
+def unrecognized_parts(tensors: Mapping[str, DType]) -> dict[str, str]:
+    """The tensors that look like parts of a quantized weight no scheme claimed, each with
+    why: its module holds both quantization parameters (a scale, zero points) and
+    low-precision codes (FP8 or integers), as ModelOpt's NVFP4 and every scheme's parts do.
+    One pass over the names, grouped by module."""
+    modules: dict[str, list[str]] = {}
+    with_codes: dict[str, str] = {}  # module -> its first low-precision tensor
+    for name, dtype in tensors.items():
+        module = name.rpartition(".")[0]
+        modules.setdefault(module, []).append(name)
+        if module not in with_codes and (dtype.kind in "iu" or dtype.name.startswith("float8")):
+            with_codes[module] = name
+    found: dict[str, str] = {}
+    for module, first_code in with_codes.items():
+        names = modules[module]
+        qparams = [n for n in names if any(w in n.rpartition(".")[2] for w in _QPARAM_WORDS)]
+        if qparams:
+            codes = [n for n in names if tensors[n].kind in "iu"
+                     or tensors[n].name.startswith("float8")]
+            found.update((n, f"{qparams[0]} and {first_code}") for n in (*qparams, *codes))
+    return found
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -193,13 +204,11 @@ class Dequantize:
 
         tree = replace_state_dicts(checkpoint.tree, edit)
         dtypes = {format_path(path): dtype_of(value) for path, value in iter_tensors(tree)}
-        for name in dtypes:
-            unknown = _unrecognized_scheme(name, dtypes)
-            if unknown:
-                raise QuantError(f"{name}: --dequantize cannot make it plain: its module holds "
-                                 f"{unknown}, the parts of a quantized weight of a scheme "
-                                 "ckptport does not dequantize (docs/quantized.md)",
-                                 checkpoint.source.path)
+        for name, unknown in unrecognized_parts(dtypes).items():
+            raise QuantError(f"{name}: --dequantize cannot make it plain: its module holds "
+                             f"{unknown}, the parts of a quantized weight of a scheme "
+                             "ckptport does not dequantize (docs/quantized.md)",
+                             checkpoint.source.path)
         if not counts:
             return checkpoint, RuleResult(self.name, summary="no quantized weights found")
         summary = "dequantized " + ", ".join(f"{n} {s} weights" for s, n in counts.items()) + \
