@@ -572,3 +572,20 @@ def test_awq_dequantized_as_compressed_tensors_converts_it(tmp_path, run):
         assert same_bits(written["m.weight"], expected.to(getattr(torch, dtype)))
     assert run("normalize", path, tmp_path / "cast.safetensors", "--dtype",
                "float32").exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["inspect", "check"])
+def test_schemes_are_recognized_without_torch(command):
+    """A quantized file's scheme, parameters and scale values are read without torch (the
+    packed shape and bitsandbytes' JSON state by position, scales by their bits)."""
+    import subprocess
+    import sys
+
+    from tests.test_inspect import _NO_TORCH
+
+    path = QUANTIZED_FIXTURES / "ct-w4a16_asym" / "model.safetensors"
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, command, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch was imported" not in done.stderr
+    assert command == "check" or "compressed-tensors" in done.stdout
