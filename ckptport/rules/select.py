@@ -26,6 +26,7 @@ from ..tree import (
     format_path,
     is_state_dict,
     is_tensor,
+    rebuild_dict,
     type_name,
 )
 from .base import Change, RuleResult
@@ -44,6 +45,20 @@ OPTIMIZER_KEYS = frozenset({"optimizer", "optimizers", "optimizer_states", "opti
                             "optimizer_state_dict", "optim", "optim_state", "opt",
                             "scheduler", "schedulers", "lr_scheduler", "lr_schedulers",
                             "scaler", "amp"})
+# what a trainer keeps beside a model flattened into the root (torchtitan's DCP saves: the
+# model's FQNs at the top level, next to these)
+TRAINING_STATE_KEYS = OPTIMIZER_KEYS | {"dataloader", "train_state"}
+
+
+def _flattened(tree: Mapping[Any, Any]) -> _Pick | None:
+    """A model flattened into the root beside its trainer's state (torchtitan): the root's
+    tensors, when everything else is under a training-state name."""
+    apart = tuple(k for k, v in tree.items() if not is_tensor(v))
+    if len(apart) == len(tree) or not all(isinstance(k, str) for k in tree) or not all(
+            k in TRAINING_STATE_KEYS for k in apart):
+        return None
+    return _Pick((), f"the model flattened into the root (torchtitan); {', '.join(apart)} "
+                 "left out (training state)", apart=apart)
 
 
 def _bytes(value: Mapping[str, Any]) -> int:
@@ -55,6 +70,7 @@ class _Pick:
     path: KeyPath
     reason: str
     module: str | None = None  # the recorded class whose state dict was rebuilt
+    apart: tuple[str, ...] = ()  # entries of a flattened root left out (its training state)
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,9 @@ class Select:
         pick = self._auto(tree, checkpoint) if self.select == "auto" else \
             _Pick(_walk(tree, self.select, checkpoint), "named by --select")
         picked = _get(tree, pick.path)
+        if pick.apart:
+            picked = rebuild_dict(picked, [(k, v) for k, v in picked.items()
+                                           if k not in pick.apart])
         notes: tuple[str, ...] = ()
         if is_module(picked):
             picked, notes = module_state_dict(picked, format_path(pick.path),
@@ -100,6 +119,9 @@ class Select:
                     return _Pick((name,), f"known name {name!r}{_ema_note(tree, name)}")
             if is_state_dict(tree):
                 return _Pick((), "the checkpoint is a bare state dict")
+            flat = _flattened(tree)
+            if flat is not None:
+                return flat
         model = _whole_model(tree)
         if model is not None:
             return model
