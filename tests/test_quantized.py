@@ -382,7 +382,7 @@ def test_recorded_oracles_are_the_installed_librarys():
     """The digests above are what compressed-tensors computes today, not a stale copy."""
     from fixtures.quantized import compressed_tensors_oracle
 
-    for folder in ("ct-w4a16_asym", "ct-nvfp4a16", "ct-fp8_block"):
+    for folder in ("ct-w4a16_asym", "ct-nvfp4a16", "ct-fp8_block", "ct-mxfp4a16"):
         assert compressed_tensors_oracle(QUANTIZED_FIXTURES / folder, "bfloat16") == \
             ORACLES["folders"][folder]["bfloat16"], folder
 

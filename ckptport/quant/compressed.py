@@ -43,6 +43,7 @@ FLOAT_CODES = frozenset({"float8_e4m3fn", "float8_e5m2"})
 SCALES = frozenset({"float32", "bfloat16", "float16"})
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 NVFP4_GROUP = 16
+MX_GROUP = 32
 
 
 def _ceil(a: int, b: int) -> int:
@@ -77,6 +78,9 @@ class CompressedTensors:
         if part("weight_packed") is not None and part("weight_global_scale") is not None:
             made = _nvfp4(module, part("weight_packed"), scale)
             roles = ("weight_packed", "weight_scale", "weight_global_scale")
+        elif part("weight_packed") is not None and dtype_of(part("weight_packed")).name == "uint8":
+            made = _mxfp4(module, part("weight_packed"), scale)
+            roles = ("weight_packed", "weight_scale")
         elif part("weight_packed") is not None:
             made = _packed(module, part("weight_packed"), scale, part("weight_shape"),
                            part("weight_zero_point"), (configured or {}).get("num_bits"))
@@ -107,6 +111,12 @@ class CompressedTensors:
             scale = scale.to(torch.bfloat16).unsqueeze(-1) / named["weight_global_scale"]
             grouped = values.unflatten(-1, (values.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
             made = (grouped.to(scale.dtype) * scale).flatten(-2).to(torch.bfloat16)
+            return made.to(dtype)
+        if params["format"] == "mxfp4-pack-quantized":
+            values = _unpack_fp4(named["weight_packed"])
+            scale = (2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)).to(torch.bfloat16)
+            grouped = values.unflatten(-1, (values.shape[-1] // MX_GROUP, MX_GROUP))
+            made = (grouped.to(scale.dtype) * scale.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
             return made.to(dtype)
         if params["format"] == "pack-quantized":
             codes = _unpack_ints(named["weight_packed"], params["num_bits"], weight.shape[-1])
@@ -232,6 +242,20 @@ def _nvfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[
     return (rows, cols), {"format": "nvfp4-pack-quantized", "type": "float", "num_bits": 4,
                           "strategy": "tensor_group", "group_size": NVFP4_GROUP,
                           "symmetric": True}
+
+
+def _mxfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+    if len(packed.shape) != 2:
+        raise QuantError(f"{module}.weight_packed: MXFP4 codes of shape {list(packed.shape)} "
+                         "(expected 2-D)")
+    rows, cols = packed.shape[0], packed.shape[1] * 2
+    if dtype_of(scale).name != "uint8" or cols % MX_GROUP or \
+            tuple(scale.shape) != (rows, cols // MX_GROUP):
+        raise QuantError(f"{module}.weight_scale: MXFP4 scales of "
+                         f"{dtype_of(scale)}{list(scale.shape)} for a [{rows}, {cols}] weight "
+                         f"(expected uint8 exponents [{rows}, {cols // MX_GROUP}])")
+    return (rows, cols), {"format": "mxfp4-pack-quantized", "type": "float", "num_bits": 4,
+                          "strategy": "group", "group_size": MX_GROUP, "symmetric": True}
 
 
 def _shape_values(leaf: Any) -> tuple[int, int]:
