@@ -126,6 +126,8 @@ class CompressedTensors:
                                     scale.shape[0]).transpose(0, 1)
         else:
             codes, zero = named["weight"], named.get("weight_zero_point")
+            if params["format"] == "mxfp8-quantized":  # E8M0 exponents, as bfloat16 scales
+                scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
         return _affine(codes, scale, zero, params).to(dtype)
 
 
@@ -179,14 +181,21 @@ def _naive(module: str, weight: Any, scale: Any, zero: Any
     if codes not in FLOAT_CODES and codes != "int8":
         raise QuantError(f"{module}.weight: has a weight_scale but is {dtype_of(weight)}, not "
                          "FP8 or int8 codes")
-    _scale_dtype(module, scale)
+    exponents = codes in FLOAT_CODES and dtype_of(scale).name == "uint8"  # MXFP8's E8M0
+    if not exponents:
+        _scale_dtype(module, scale)
     shape = tuple(weight.shape)
     if len(shape) != 2:
         raise QuantError(f"{module}.weight: quantized codes of shape {list(shape)} (expected "
                          "2 dimensions)")
-    params: dict[str, Any] = {"format": "float-quantized" if codes in FLOAT_CODES else
-                              "int-quantized", "type": "float" if codes in FLOAT_CODES else
+    kind = "mxfp8-quantized" if exponents else \
+        "float-quantized" if codes in FLOAT_CODES else "int-quantized"
+    params: dict[str, Any] = {"format": kind, "type": "float" if codes in FLOAT_CODES else
                               "int", "num_bits": 8, **_strategy(module, shape, scale)}
+    if exponents and params.get("group_size") != MX_GROUP:
+        raise QuantError(f"{module}.weight_scale: MXFP8 exponents of shape "
+                         f"{list(scale.shape)} for a {list(shape)} weight (expected one per "
+                         f"{MX_GROUP} values)")
     _zero_points(module, zero, tuple(scale.shape), params)
     return shape, params
 
