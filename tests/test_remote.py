@@ -489,10 +489,26 @@ def test_s3_changed_object_and_folder(s3, local, run):
             file.read(0, 64)
     finally:
         boto3.client("s3").upload_file(str(local["pth"]), "ckpts", "run/model.pth")
-    for url, message in (("s3://ckpts/run/", "names a folder"),
+    for url, message in (("s3://ckpts/", "no checkpoint in it"),
                          ("s3://ckpts/run/nothing.pth", "not found")):
         result = run("inspect", url)
         assert result.exit_code == 2 and message in result.stderr and url in result.stderr
+
+
+def test_bucket_folders_are_read_by_the_layouts_of_local_ones(s3, local, run, tmp_path):
+    """``s3://BUCKET/FOLDER/`` is asked of the readers' layouts from its listing, as a local
+    folder is: a model folder reads as its weights file, a shard set's folder as the set."""
+    for url, here in (("s3://ckpts/run/", local["safetensors"]),
+                      ("s3://ckpts/shards/", local["shards"])):
+        shown = json.loads(run("inspect", url, "--format", "json").stdout)
+        mine = json.loads(run("inspect", here, "--format", "json").stdout)
+        assert shown["format"] == mine["format"] and shown["tensors"] == mine["tensors"], url
+    out = tmp_path / "set.safetensors"
+    assert run("normalize", "s3://ckpts/shards/", out).exit_code == 0
+    want = {k: v for shard in sorted(local["shards"].glob("*.safetensors"))
+            for k, v in load_file(shard).items()}
+    got = load_file(out)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], v) for k, v in want.items())
 
 
 def test_without_the_extra_one_line(hub, run, monkeypatch):

@@ -47,8 +47,8 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
     """The names in the folder ``path`` names (files as named, folders with a trailing
     ``/``), for the readers' layouts to decide from; None when it names an object.
 
-    Only a hub repository (or a folder of one) is listed: a bucket or a web server cannot
-    be listed the same way everywhere, and folder mode is local. When the command will
+    A hub repository (or a folder of one) and a bucket folder are listed; a web server
+    cannot be listed. When the command will
     read its source again (``sources.read_more_than_once``), the objects keep what they
     fetch, this one and the shards next to it (they share ``pins``).
     """
@@ -59,8 +59,12 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
     url = path.url
     if url.key and not url.key.endswith("/"):
         return None
+    if url.scheme == "s3":
+        from .s3 import folder_names as bucket_names
+
+        return bucket_names(path)
     if url.scheme != "hf":
-        raise InputError("names a folder; folder mode reads local folders only: name a "
+        raise InputError("names a folder, and a web server cannot be listed: name a "
                          "checkpoint file or a *.index.json", path)
     from .hub import repo_files
 

@@ -169,3 +169,37 @@ def refusal(exc: Exception, path: RemotePath) -> Exception:
         return InputError(f"cannot reach the S3 endpoint ({name})", path)
     text = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else name)
     return InputError(f"S3 error: {text}", path)
+
+
+MAX_LISTED = 100_000  # names in one bucket folder, for its layouts to decide from
+
+
+def folder_names(path: RemotePath) -> frozenset[str]:
+    """The names directly in the bucket folder ``path`` names (objects as named, folders
+    with a trailing ``/``): what the readers' layouts decide from, as for a local folder."""
+    s3 = client(path.transfers.timeout)
+    prefix = path.url.key
+    names: set[str] = set()
+    token: dict[str, str] = {}
+
+    def page(ends: float) -> Any:
+        try:
+            return bounded(lambda: s3.list_objects_v2(Bucket=path.url.host, Prefix=prefix,
+                                                      Delimiter="/", **token),
+                           path.transfers, ends, path)
+        except DeadlineError:
+            raise
+        except Exception as exc:
+            raise refusal(exc, path) from None
+
+    while True:
+        answer = retrying(page, path, path.transfers)
+        names.update(o["Key"][len(prefix):] for o in answer.get("Contents", ())
+                     if o["Key"] != prefix)
+        names.update(p["Prefix"][len(prefix):] for p in answer.get("CommonPrefixes", ()))
+        if len(names) > MAX_LISTED:
+            raise InputError(f"holds more than {MAX_LISTED} names; name the checkpoint file "
+                             "or its *.index.json", path)
+        if not answer.get("IsTruncated"):
+            return frozenset(names)
+        token = {"ContinuationToken": answer["NextContinuationToken"]}
