@@ -59,7 +59,8 @@ class Awq:
         codes = _unpack(qweight)                      # (K, N), 0..15
         zeros = _unpack(qzeros)                       # (K / g, N)
         size = weight.params["group_size"]
-        values = codes.T.unflatten(-1, (codes.shape[0] // size, size)).to(scales.dtype)
+        outputs, inputs = codes.shape[1], codes.shape[0]
+        values = codes.T.reshape(outputs, inputs // size, size).to(scales.dtype)
         values = values - zeros.T.unsqueeze(-1).to(scales.dtype)
         made = (values * scales.T.unsqueeze(-1)).flatten(-2)
         return made.to(dtype)

@@ -73,6 +73,7 @@ class CompressedTensors:
 
         scale = part("weight_scale")
         extra = tuple(f"{module}.{n}" for n in ACTIVATION_QPARAMS if part(n) is not None)
+        roles: tuple[str, ...]
         if part("weight_scale_2") is not None:  # ModelOpt's NVFP4: not this scheme
             return None
         if part("weight_packed") is not None and part("weight_global_scale") is not None:
