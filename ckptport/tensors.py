@@ -146,6 +146,21 @@ class _TensorLike(Leaf):
         return self.dtype.is_complex
 
 
+class _Deferred(_TensorLike):
+    """What both deferred leaves answer: made contiguous, each its own storage."""
+
+    __slots__ = ()
+
+    def stride(self) -> tuple[int, ...]:
+        return contiguous_strides(self.shape)
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
 @sealed
 @dataclass(frozen=True, eq=False, slots=True)
 class TensorInfo(_TensorLike):
@@ -188,7 +203,7 @@ class TensorInfo(_TensorLike):
 
 @sealed
 @dataclass(frozen=True, eq=False, slots=True)
-class Pending(_TensorLike):
+class Pending(_Deferred):
     """A tensor made when its bytes are needed: ``source``'s elements, contiguous, as ``dtype``.
 
     The explicit form of a rule's decision (compact a view, cast a dtype),
@@ -205,15 +220,6 @@ class Pending(_TensorLike):
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(self.source.shape))
 
-    def stride(self) -> tuple[int, ...]:
-        return contiguous_strides(self.shape)
-
-    def storage_offset(self) -> int:
-        return 0
-
-    def is_contiguous(self) -> bool:
-        return True
-
     @property
     def device(self) -> str:
         return location(self.source)
@@ -221,7 +227,7 @@ class Pending(_TensorLike):
 
 @sealed
 @dataclass(frozen=True, eq=False, slots=True)
-class Computed(_TensorLike):
+class Computed(_Deferred):
     """A tensor made when its bytes are needed: ``compute`` applied to ``inputs``' values.
 
     What ``--dequantize`` puts where a quantized weight's codes and scales
@@ -235,15 +241,6 @@ class Computed(_TensorLike):
     inputs: tuple[Any, ...]
     compute: Callable[..., Any]
     device: str = "cpu"
-
-    def stride(self) -> tuple[int, ...]:
-        return contiguous_strides(self.shape)
-
-    def storage_offset(self) -> int:
-        return 0
-
-    def is_contiguous(self) -> bool:
-        return True
 
     def value(self, inputs: tuple[Any, ...] | None = None) -> torch.Tensor:
         """The computed tensor, from ``inputs`` (real tensors) or from this leaf's own."""
