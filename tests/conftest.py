@@ -52,6 +52,31 @@ def dist(frameworks: Launch | None) -> Path:
     return frameworks.wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def megatron_saves(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch | None]:
+    """megatron-core starts writing its saves when the session starts (its import alone
+    takes seconds per rank), for sessions that collect a test using ``mcore``."""
+    wanted = any("mcore" in item.fixturenames for item in request.session.items)
+    if not wanted or find_spec("megatron") is None:
+        yield None
+        return
+    from fixtures.megatron import Launch as MegatronLaunch
+
+    launch = MegatronLaunch(tmp_path_factory.mktemp("megatron"))
+    yield launch
+    launch.stop()
+
+
+@pytest.fixture(scope="session")
+def mcore(megatron_saves: Launch | None) -> Path:
+    """Real megatron-core dist_checkpointing saves (world sizes 1 and 2), made once."""
+    if find_spec("megatron") is None:  # found, not imported: the readers are tested without it
+        pytest.skip("the test extra's megatron-core is not installed")
+    assert megatron_saves is not None
+    return megatron_saves.wait()
+
+
 @pytest.fixture(scope="session")
 def fx(tmp_path_factory: pytest.TempPathFactory, sentinel: Path) -> dict[str, Path]:
     return build(tmp_path_factory.mktemp("fixtures"), sentinel)

@@ -40,6 +40,7 @@ from .deepspeed import DeepSpeedReader
 from .folders import ModelFolder, TrainingState, listing, not_one_checkpoint
 from .hf_dcp import HfShardsReader
 from .legacy import LegacyReader
+from .megatron import MegatronReader
 from .pipeline import PipelineReader
 from .ranks import RankFilesReader
 from .safetensors import SafetensorsReader
@@ -163,8 +164,8 @@ def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
 # the registry, in the order layouts are asked (names) and files claimed (bytes)
 READERS: tuple[Reader | LayoutReader, ...] = (
     TorchZipReader(), TorchScriptReader(), LegacyReader(), SafetensorsReader(),
-    DcpReader(_load_file), UniversalReader(_load_file), PipelineReader(_load_file),
-    DeepSpeedReader(_load_file),
+    MegatronReader(_load_file), DcpReader(_load_file), UniversalReader(_load_file),
+    PipelineReader(_load_file), DeepSpeedReader(_load_file),
     VerlReader(RankFilesReader(_load_file)), RankFilesReader(_load_file), TrainingState(),
     HfShardsReader(), ShardsReader(_load_file), ModelFolder())
 

@@ -87,14 +87,21 @@ def _allowed() -> dict[str, Any]:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP metadata only: any other global is refused, never imported."""
+    """Builds DCP metadata only: any other global is refused, never imported; the names a
+    layout records beside it (``records``) become inert records of their state."""
 
-    def __init__(self, file: Any, path: Path, allowed: dict[str, Any]) -> None:
+    def __init__(self, file: Any, path: Path, allowed: dict[str, Any],
+                 records: tuple[str, ...]) -> None:
         super().__init__(file)
-        self._path, self._allowed = path, allowed
+        self._path, self._allowed, self._records = path, allowed, records
+        self._made: list[Any] = []
 
     def find_class(self, module: str, name: str) -> Any:
+        from ..unpickle.values import record_class
+
         qualified = f"{module}.{name}"
+        if qualified in self._records:
+            return record_class(qualified, False, self._made)
         if qualified not in self._allowed:
             raise InputError(f"DCP metadata refers to {qualified}, which is not DCP metadata; "
                              "nothing was run", self._path)
@@ -104,7 +111,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise InputError("DCP metadata holds a persistent reference; refused", self._path)
 
 
-def read_dcp_metadata(folder: Path) -> Any:
+def read_dcp_metadata(folder: Path, records: tuple[str, ...] = ()) -> Any:
+    """The folder's DCP ``Metadata``, checked against its data files; ``records``: qualified
+    names read as inert records (a layout's own planner data beside the metadata)."""
     from torch.distributed.checkpoint.metadata import Metadata
 
     path = dcp_metadata(folder)
@@ -113,7 +122,8 @@ def read_dcp_metadata(folder: Path) -> Any:
         data = path.read_bytes()
         found = scan(data)
         allowed = _allowed()
-        metadata = bounded(data, found, lambda stream: _MetadataUnpickler(stream, path, allowed))
+        metadata = bounded(data, found, lambda stream: _MetadataUnpickler(stream, path, allowed,
+                                                                        records))
     except CkptportError:
         raise
     except ScanError as exc:
@@ -272,6 +282,7 @@ def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]
 
 class DcpReader:
     format = Format.DCP
+    records: tuple[str, ...] = ()  # names in .metadata read as inert records (none: DCP's own)
 
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
@@ -305,7 +316,7 @@ class DcpReader:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         folder = source.main
-        metadata = read_dcp_metadata(folder)
+        metadata = read_dcp_metadata(folder, self.records)
         items = metadata.state_dict_metadata
         paths = getattr(metadata, "planner_data", None) or {}
         if not _plain_paths(paths, len(items)) or not all(isinstance(k, str) for k in items):
