@@ -51,10 +51,29 @@ def test_every_command_reads_what_megatron_loads(mcore, run, tmp_path, name):
     assert run("manifest", folder, "-o", tmp_path / "m.json").exit_code == 0
 
 
+def test_megatrons_enums_in_common_are_data(mcore, run, tmp_path):
+    """Megatron-LM's args (AttnBackend, ModelType) in common.pt: plain data, not code."""
+    folder = mcore / "args1"
+    checked = run("check", folder)
+    assert "CKP012" not in checked.stdout and "CKP003" not in checked.stdout, checked.stdout
+    assert "args.attention_backend: needs megatron.core.transformer.enums.AttnBackend" in \
+        checked.stdout  # torch.load(weights_only=True) refuses it: a warning, said so
+    result = run("normalize", folder, tmp_path / "out.pth")
+    assert result.exit_code == 0, result.stderr
+    want = torch.load(mcore / "truth1.pt", weights_only=True)
+    got = torch.load(tmp_path / "out.pth", weights_only=True)
+    assert list(got) == list(want) and all(same_bits(got[k], v) for k, v in want.items())
+    whole = run("normalize", folder, tmp_path / "all.pth", "--select", "all")
+    assert whole.exit_code == 0, whole.stderr
+    args = torch.load(tmp_path / "all.pth", weights_only=True)["args"]
+    assert args["num_layers"] == 1
+
+
 def test_read_without_megatron(mcore, tmp_path):
     """Every command in a fresh interpreter: megatron is never imported."""
     code = ("import sys; from click.testing import CliRunner; from ckptport.cli import cli\n"
             f"folder, out = {str(mcore / 'nemo2')!r}, {str(tmp_path)!r}\n"
+            f"assert CliRunner().invoke(cli, ['check', {str(mcore / 'args1')!r}]).exit_code == 1\n"
             "for args in (['inspect', folder], ['check', folder], ['normalize', folder,\n"
             "              out + '/o.safetensors'], ['diff', folder, folder],\n"
             "             ['manifest', folder, '-o', out + '/m.json']):\n"

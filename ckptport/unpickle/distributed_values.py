@@ -1,16 +1,19 @@
-"""Distributed training's globals as data: DTensor, ShardedTensor and DeepSpeed's records.
+"""Distributed training's globals as data: DTensor, ShardedTensor, DeepSpeed's and Megatron's
+records.
 
 ``torch.save`` of an FSDP or tensor-parallel state dict pickles DTensors
 and ShardedTensors as wrapper subclasses whose state names the device mesh,
 the placements and the shard metadata; DeepSpeed's rank files pickle its
-loss scaler, its ZeRO stage enum and fragment addresses.
+loss scaler, its ZeRO stage enum and fragment addresses; Megatron-LM's ``args``
+in a ``dist_checkpointing`` save's ``common.pt`` hold megatron's enums
+(``AttnBackend.auto``), each a call with its value.
 ``torch.load(weights_only=True)`` reads the torch ones as data, so must
 ckptport: every class here is an inert record whose state is checked to be
 plain data (``DataRecord``), never the real class, and a distributed tensor
 becomes either its local tensor (when the file holds it whole: world size
 1, ``Replicate``) or a ``ShardRecord``: the local shard described, where it
 lies in the global tensor, the placements and the global shape, which the
-rank-file readers assemble. Nothing here imports torch or DeepSpeed.
+rank-file readers assemble. Nothing here imports torch, DeepSpeed or megatron.
 """
 
 from __future__ import annotations
@@ -69,6 +72,15 @@ _DEEPSPEED_PARTS = (
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.utils.tensor_fragment.fragment_address",
     "deepspeed.checkpoint.utils.fragment_address",
+)
+# the enums Megatron-LM's args hold in a dist_checkpointing save's common.pt: a value each
+_MEGATRON_ENUMS = (
+    "megatron.core.enums.ModelType", "megatron.core.enums.Fp8Recipe",
+    "megatron.core.enums.Fp4Recipe", "megatron.core.transformer.enums.ModelType",
+    "megatron.core.transformer.enums.LayerType", "megatron.core.transformer.enums.AttnType",
+    "megatron.core.transformer.enums.AttnMaskType",
+    "megatron.core.transformer.enums.AttnBackend",
+    "megatron.core.transformer.enums.CudaGraphScope",
 )
 _ZERO_STAGE = "deepspeed.runtime.zero.config.ZeroStageEnum"
 _MAX_DIMS = 64
@@ -402,7 +414,7 @@ _TENSOR_CLASSES = {name: _data_class(name) for name in (DTENSOR, SHARDED_TENSOR)
 def distributed_table() -> dict[str, Any]:
     """Qualified name -> what a pickle gets for it; merged into ``allowed.table``."""
     table: dict[str, Any] = {name: _data_class(name) for name in (
-        *_DTENSOR_PARTS, *_SHARDED_TENSOR_PARTS, *_DEEPSPEED_PARTS)}
+        *_DTENSOR_PARTS, *_SHARDED_TENSOR_PARTS, *_DEEPSPEED_PARTS, *_MEGATRON_ENUMS)}
     table.update(_TENSOR_CLASSES)
     table[_WRAPPER] = Allowed(_WRAPPER, _wrapper)
     table[_FROM_TYPE] = Allowed(_FROM_TYPE, _from_type_distributed)
