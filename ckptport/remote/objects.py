@@ -89,6 +89,7 @@ class RemoteFile(SourceFile):
         self._ahead_until = 0  # the prefetch has queued the bytes before this
         self.connections = path.transfers.connections
         self._pool: ThreadPoolExecutor | None = None  # the connections' threads
+        self._stuck = False  # a range outlived the command's deadline
         meter.uses(self.connections)
 
     def stream(self) -> RemoteStream:
@@ -175,7 +176,16 @@ class RemoteFile(SourceFile):
             pool = self._pool
         futures = [pool.submit(self.backend.fetch_into, offset + a, buffer[a:a + step])
                    for a in range(0, len(buffer), step)]
-        wait(futures)  # every range written (or failed) before the buffer is handed back
+        # every range written (or failed) before the buffer is handed back; each request
+        # ends at its own deadline, and this wait at the command's at the latest
+        transfers = self.path.transfers  # type: ignore[attr-defined]
+        ends = transfers.command_ends()
+        _, pending = wait(futures, timeout=max(0.0, transfers.left(ends)) + 1.0)
+        if pending:
+            for future in pending:
+                future.cancel()
+            self._stuck = True  # its threads are not waited for when it is closed
+            raise transfers.expired(ends, self.path)
         for future in futures:
             future.result()
 
@@ -214,7 +224,7 @@ class RemoteFile(SourceFile):
     def close(self) -> None:
         for pool in (self._ahead_pool, self._pool):
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown(wait=not self._stuck, cancel_futures=True)
         self._ahead_pool = self._pool = None
         self.backend.close()
         if self.spool is not None:
