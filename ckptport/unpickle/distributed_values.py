@@ -44,6 +44,9 @@ __all__ = ["distributed_table", "DataRecord", "ShardRecord", "ShardLayout", "Pie
 DTENSOR = "torch.distributed.tensor.DTensor"
 SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
 _WRAPPER = "torch._utils._rebuild_wrapper_subclass"
+_ENUMERABLE = "torch.distributed._shard.sharding_spec.api.EnumerableShardingSpec"
+_GROUP_STATE = SHARDED_TENSOR + ".ProcessGroupState"
+_GROUP_FIELDS = ("local_rank", "global_rank", "local_world_size", "global_world_size")
 _FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
 
 _DTENSOR_PARTS = (
@@ -65,6 +68,7 @@ _SHARDED_TENSOR_PARTS = (
     "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
     "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
     "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
+    _ENUMERABLE,
     "torch.distributed.remote_device._remote_device",
 )
 _DEEPSPEED_PARTS = (
@@ -403,9 +407,42 @@ def _sharded_tensor(shell: _Shell, state: Any) -> ShardLayout:
         ranks.append(rank)
     world = max([len(boxes)] + [r + 1 for *_, r in boxes if r is not None])
     rank = next((r for r in ranks if r is not None), -1)
+    group = _process_group(state[2] if len(state) > 2 else None)
+    if group is not None:  # the ranks, not the shards: a rank may hold none (3 rows, 4 ranks)
+        rank, world = group[0], max(world, group[1])
+    spec = _spec(state[3] if len(state) > 3 else None, boxes)
     return ShardLayout(SHARDED_TENSOR, shape, shell.dtype, world, rank, tuple(pieces),
-                       (f"ChunkSharding({len(boxes)} shards)",),
-                       tuple((o, s) for o, s, _ in boxes))
+                       (f"{spec}({len(boxes)} shards)",), tuple((o, s) for o, s, _ in boxes))
+
+
+def _process_group(value: Any) -> tuple[int, int] | None:
+    """The saving rank and the world size of the group a ShardedTensor is sharded over
+    (``ShardedTensor.ProcessGroupState``), when it is the whole world; None for a subgroup
+    (HYBRID_SHARD's), whose shards the placements alone place."""
+    if value is None:
+        return None
+    fields: list[Any] = [value.state.get(n) for n in _GROUP_FIELDS] if (
+        isinstance(value, ObjectRecord) and value.name == _GROUP_STATE
+        and isinstance(value.state, dict)) else []  # getattr's stand-in, built from a dict
+    if len(fields) != 4 or not all(type(f) is int for f in fields) or not (
+            0 <= fields[0] < fields[2] and 0 <= fields[1] < fields[3]):
+        raise Refusal("a ShardedTensor's process group state is not a ProcessGroupState "
+                      "of ranks")
+    local, _, size, world = fields
+    return (local, size) if size == world else None
+
+
+def _spec(value: Any, boxes: list[tuple[tuple[int, ...], tuple[int, ...], int | None]]) -> str:
+    """The sharding spec's name for reports. FSDP1 records a tensor held by one rank whole
+    (one row over N ranks) as an ``EnumerableShardingSpec``: its shard list must be the
+    metadata's own."""
+    if isinstance(value, DataRecord) and value.record_name == _ENUMERABLE:
+        listed = value.field("shards")
+        if not isinstance(listed, list) or [_box(m) for m in listed] != boxes:
+            raise Refusal("a ShardedTensor whose EnumerableShardingSpec lists other shards "
+                          "than its metadata")
+        return "EnumerableSharding"
+    return "ChunkSharding"
 
 
 _TENSOR_CLASSES = {name: _data_class(name) for name in (DTENSOR, SHARDED_TENSOR)}
