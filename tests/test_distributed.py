@@ -15,7 +15,6 @@ import io
 import json
 import shutil
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from safetensors.torch import load_file
 
 from fixtures.distributed import DS_CONFIGS, WS1, net_class
 from fixtures.hostile import PROTO2, STOP, system, write_zip
+from tests.helpers import repickle
 
 ZERO_TO_FP32 = [c for c in DS_CONFIGS if c not in ("s0_bf16", "s1_bf16_fp32acc")]
 CASES = [(2, c) for c in ZERO_TO_FP32] + [(1, c) for c in WS1 if c in ZERO_TO_FP32]
@@ -283,23 +283,10 @@ def test_fsdp_rank_files_of_different_runs(dist, run, tmp_path):
     _checked(run, folder, "holds no shard")
 
 
-def _repickle(src: Path, dst: Path, old: bytes, new: bytes) -> Path:
-    """``src`` with bytes of its pickle replaced, written by torch's own zip writer."""
-    with zipfile.ZipFile(src) as archive:
-        records = {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
-    assert old in records["data.pkl"]
-    writer = torch._C.PyTorchFileWriter(str(dst))
-    for name, record in records.items():
-        record = record.replace(old, new) if name == "data.pkl" else record
-        writer.write_record(name, record, len(record))
-    writer.write_end_of_file()
-    return dst
-
-
 def test_overlapping_shards(dist, run, tmp_path):
     """FSDP1 rank 1's shard of emb.weight (11 rows: 6 + 5) claimed at row 5, not 6."""
     folder = _copy(dist / "fsdp1" / "ws2", tmp_path / "fsdp")
-    _repickle(dist / "fsdp1" / "ws2" / "model_rank1.pt", folder / "model_rank1.pt",
+    repickle(dist / "fsdp1" / "ws2" / "model_rank1.pt", folder / "model_rank1.pt",
               b"K\x06K\x00e", b"K\x05K\x00e")
     _refused(run, folder, tmp_path / "out.safetensors", "emb.weight", "overlap")
     _checked(run, folder, "overlap")
