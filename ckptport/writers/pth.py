@@ -1,7 +1,10 @@
 """Write torch ``.pth`` files that load anywhere with ``weights_only=True``, streaming.
 
 The pickle is made first (protocol 2, what ``torch.save`` writes), with every
-tensor referring to a storage record by key; then each record's bytes are
+tensor referring to a storage record by key, and without importing torch:
+the torch globals it names are stand-ins renamed in the bytes
+(``torchnames``), while torch is imported on another thread for the
+verification that follows the writing; then each record's bytes are
 produced and streamed into the archive (``torchzip``) one tensor at a time,
 piece by piece, so no tensor is ever held whole unless a cast must compute
 it. Every tensor gets a record holding exactly its own bytes (a saved slice
@@ -15,6 +18,7 @@ pickling of their storages.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import sys
@@ -27,8 +31,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..dtypes import dtype_of
 from ..errors import OutputError
 from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
-from ..tree import format_path, is_tensor, iter_tensors, rebuild_dict
+from ..tree import Leaf, format_path, is_tensor, iter_tensors, rebuild_dict
 from ..treejson import sorted_items
+from . import torchnames
 from .staging import preallocate
 from .torchzip import ZipWriter
 
@@ -56,13 +61,24 @@ Tap = Callable[[Any, Iterable[memoryview]], Iterable[bytes | memoryview]]
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles tensors as references to records; remembers how to produce each record."""
+    """Pickles tensors as references to records; remembers how to produce each record.
 
-    def __init__(self, file: Any, location: str, tap: Tap | None = None) -> None:
-        super().__init__(file, protocol=PICKLE_PROTOCOL)
-        self.location, self.tap = location, tap
+    The torch globals it names come from ``names`` (``torchnames``: stand-ins, or torch's
+    own); ``used`` counts the distinct ones.
+    """
+
+    def __init__(self, location: str, tap: Tap | None = None,
+                 names: Callable[[str], Any] = torchnames.standin) -> None:
+        self.buffer = io.BytesIO()
+        super().__init__(self.buffer, protocol=PICKLE_PROTOCOL)
+        self.location, self.tap, self.names = location, tap, names
+        self.used: set[str] = set()
         self.records: dict[str, tuple[Produce, int, Range | None]] = {}
         self._keys: dict[Any, str] = {}
+
+    def _global(self, name: str) -> Any:
+        self.used.add(name)
+        return self.names(name)
 
     def _key(self, identity: Any, produce: Produce, size: int, where: Range | None = None
              ) -> str:
@@ -74,34 +90,32 @@ class _Pickler(pickle.Pickler):
         return key
 
     def reducer_override(self, obj: Any) -> Any:
-        import torch
-
         if not is_tensor(obj):
             return NotImplemented
-        if isinstance(obj, torch.Tensor) and (obj.layout != torch.strided or obj.is_quantized
-                                              or type(obj) not in (torch.Tensor,
-                                                                   torch.nn.Parameter)):
+        if not isinstance(obj, Leaf) and _torch_reduces(obj):
             return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
-        dtype = dtype_of(obj).to_torch()
+        dtype = dtype_of(obj)
         size = nbytes(obj)
         produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
         key = self._key(view_key(obj), produce, size, file_range(obj))
         shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[Any, Any] = OrderedDict()
-        if dtype in torch.storage._new_dtypes():
-            ref = _StorageRef(key, torch.UntypedStorage, size)
-            return (torch._utils._rebuild_tensor_v3, (ref, 0, shape, stride, False, hooks,
-                                                       dtype))
-        storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[dtype])
-        ref = _StorageRef(key, storage_type, size // max(dtype.itemsize, 1))
-        return (torch._utils._rebuild_tensor_v2, (ref, 0, shape, stride, False, hooks))
+        storage = torchnames.storage_class(dtype)
+        if storage is None:
+            ref = _StorageRef(key, self._global("UntypedStorage"), size)
+            return (self._global("_rebuild_tensor_v3"),
+                    (ref, 0, shape, stride, False, hooks, self._global(dtype.name)))
+        ref = _StorageRef(key, self._global(storage), size // max(dtype.itemsize, 1))
+        return (self._global("_rebuild_tensor_v2"), (ref, 0, shape, stride, False, hooks))
 
     def persistent_id(self, obj: Any) -> Any:
-        import torch
-
         if isinstance(obj, _StorageRef):
             return ("storage", obj.storage_type, obj.key, self.location, obj.numel)
+        if not type(obj).__module__.startswith("torch"):
+            return None  # (torch objects exist only once torch is imported)
+        import torch
+
         if isinstance(obj, torch.storage.TypedStorage):  # tensors torch reduces itself
             storage = obj._untyped_storage
             key = self._key(storage._cdata, partial(_storage_bytes, storage), storage.nbytes())
@@ -111,6 +125,28 @@ class _Pickler(pickle.Pickler):
             key = self._key(obj._cdata, partial(_storage_bytes, obj), obj.nbytes())
             return ("storage", torch.UntypedStorage, key, self.location, obj.nbytes())
         return None
+
+
+def _torch_reduces(tensor: Any) -> bool:
+    """Whether a torch tensor is one torch must pickle itself (not a plain strided one)."""
+    import torch
+
+    return bool(tensor.layout != torch.strided or tensor.is_quantized
+                or type(tensor) not in (torch.Tensor, torch.nn.Parameter))
+
+
+def _pickle(tree: Any, anchor: str, tap: Tap | None) -> tuple[bytes, _Pickler]:
+    """``tree``'s pickle and the pickler that knows its records, made without torch
+    (``torchnames``) unless the tree's own strings spell the stand-ins' marker."""
+    value = canonical(tree)
+    pickler = _Pickler(anchor, tap)
+    pickler.dump(value)
+    pickled = torchnames.to_torch_names(pickler.buffer.getvalue(), len(pickler.used))
+    if pickled is None:
+        pickler = _Pickler(anchor, tap, torchnames.real)
+        pickler.dump(value)
+        pickled = pickler.buffer.getvalue()
+    return pickled, pickler
 
 
 def _storage_bytes(storage: Any) -> Iterator[bytes | memoryview]:
@@ -159,7 +195,9 @@ class PthFile:
     def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
         require_torch_dtypes(tree, dst)
-        write_pth(tree, file, options.anchor, advance, options.tap)
+        # verification needs torch: it is imported on a thread while this one writes
+        with torchnames.imported_meanwhile() if options.verify else contextlib.nullcontext():
+            write_pth(tree, file, options.anchor, advance, options.tap)
 
     def verify(self, path: Path, tree: Any, written: None, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
@@ -186,10 +224,7 @@ def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], N
               tap: Tap | None = None) -> None:
     """Write ``tree`` as a torch zip checkpoint, one storage record at a time; ``tap`` sees
     each tensor's pieces as they are written."""
-    buffer = io.BytesIO()
-    pickler = _Pickler(buffer, anchor, tap)
-    pickler.dump(canonical(tree))
-    pickled = buffer.getvalue()
+    pickled, pickler = _pickle(tree, anchor, tap)
     archive = ZipWriter(file)
     reserved = preallocate(file, archive.bound([len(pickled)]
                                                + [n for _, n, _ in pickler.records.values()]))
