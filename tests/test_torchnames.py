@@ -21,7 +21,9 @@ import time
 import pytest
 import torch
 
+from ckptport import normalize_file
 from ckptport.dtypes import DTYPES
+from ckptport.errors import VerificationError
 from ckptport.writers import pth, torchnames
 from ckptport.writers.staging import TEMP_SUFFIX
 
@@ -138,3 +140,14 @@ def test_ctrl_c_while_torch_imports_leaves_nothing(fx, tmp_path):
     assert proc.returncode == 130, stderr
     assert stderr.strip() == "ckptport: error: interrupted; nothing was written"
     assert list(out_dir.iterdir()) == []
+
+
+def test_a_failing_read_back_after_the_overlap_publishes_nothing(fx, tmp_path, monkeypatch):
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("no such global")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    dst = tmp_path / "model.pth"
+    with pytest.raises(VerificationError, match="does not load with weights_only=True: no such"):
+        normalize_file(fx["ddp_cuda3"], dst)
+    assert list(tmp_path.iterdir()) == []
