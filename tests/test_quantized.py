@@ -563,7 +563,13 @@ def test_awq_dequantized_as_compressed_tensors_converts_it(tmp_path, run):
     local = {k.removeprefix("m."): v for k, v in converted.items() if k.startswith("m.")}
     expected = BaseCompressor.get_value_from_registry("pack-quantized").decompress(
         local, scheme)["weight"]
-    for dtype in ("float16", "bfloat16"):
+    _dequantizes_to(run, path, tmp_path, expected, ("float16", "bfloat16"))
+
+
+def _dequantizes_to(run, path, tmp_path, expected, dtypes) -> None:
+    """``m.weight`` dequantized to each dtype is ``expected`` cast to it, ``norm.weight`` kept;
+    a plain ``--dtype`` cast of the codes is refused."""
+    for dtype in dtypes:
         out = tmp_path / f"{dtype}.safetensors"
         result = run("normalize", path, out, "--dequantize", dtype)
         assert result.exit_code == 0, result.output
@@ -589,3 +595,116 @@ def test_schemes_are_recognized_without_torch(command):
     assert done.returncode == 0, done.stderr
     assert "torch was imported" not in done.stderr
     assert command == "check" or "compressed-tensors" in done.stdout
+
+
+# -- GPTQ: built as AutoGPTQ / GPTQModel lay it out; an independent oracle from their formula --
+# (AutoGPTQ's and GPTQModel's dequantizers need CUDA builds; neither installs beside torch 2.13
+# CPU. The oracle packs with Python integers and dequantizes in float64, rounded once.)
+
+
+def _gptq_pack(values: list[list[int]], bits: int) -> torch.Tensor:
+    """Each row's codes as one little-endian bit stream of int32 words (GPTQ's packing)."""
+    rows = []
+    for row in values:
+        stream = sum(v << (bits * i) for i, v in enumerate(row))
+        words = [(stream >> (32 * w)) & 0xFFFFFFFF for w in range(len(row) * bits // 32)]
+        rows.append([w - (1 << 32) if w >= 1 << 31 else w for w in words])
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def _gptq(bits: int, desc_act: bool, seed: int, inputs: int = 128, outputs: int = 32,
+          size: int = 32) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """GPTQ tensors of one linear, its codes (N, K) and its stored zero points (G, N)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = inputs // size
+    codes = torch.randint(0, 1 << bits, (outputs, inputs), generator=g)
+    stored = torch.randint(0, 1 << bits, (groups, outputs), generator=g)
+    order = torch.randperm(inputs, generator=g) if desc_act else torch.arange(inputs)
+    g_idx = (order // size).to(torch.int32)
+    state = {"m.qweight": _gptq_pack(codes.tolist(), bits).T.contiguous(),
+             "m.qzeros": _gptq_pack(stored.tolist(), bits),
+             "m.scales": (torch.rand(groups, outputs, generator=g) / 10).half(),
+             "m.g_idx": g_idx, "norm.weight": torch.ones(outputs).half()}
+    return state, codes, stored
+
+
+def _gptq_oracle(state, codes, stored, checkpoint_format: str) -> torch.Tensor:
+    zeros = stored + (1 if checkpoint_format == "gptq" else 0)       # v1: stored minus one
+    group = state["m.g_idx"].long()
+    out = torch.empty(codes.shape, dtype=torch.float64)
+    for k in range(codes.shape[1]):
+        out[:, k] = state["m.scales"][group[k]].double() * (codes[:, k] - zeros[group[k]])
+    return out.half()
+
+
+def _gptq_folder(folder: Path, state, **config) -> Path:
+    folder.mkdir()
+    save_file(state, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "gptq", **config}}))
+    return folder / "model.safetensors"
+
+
+@pytest.mark.parametrize("bits, desc_act, checkpoint_format",
+                         [(4, True, "gptq"), (4, False, "gptq_v2"), (8, True, "gptq_v2"),
+                          (8, False, "gptq"), (3, True, "gptq"), (2, False, "gptq_v2")])
+def test_gptq_dequantized_as_its_formula_says(tmp_path, run, bits, desc_act, checkpoint_format):
+    state, codes, stored = _gptq(bits, desc_act, seed=bits)
+    path = _gptq_folder(tmp_path / "q", state, bits=bits, group_size=32, desc_act=desc_act,
+                        sym=False, checkpoint_format=checkpoint_format)
+    expected = _gptq_oracle(state, codes, stored, checkpoint_format)
+    _dequantizes_to(run, path, tmp_path, expected, ("float16", "float32"))
+    assert "gptq" in run("inspect", path).stdout
+    assert "CKP016" not in _codes_of(run, path)
+
+
+def test_gptq_without_config_is_v1_and_without_g_idx_in_order(tmp_path, run):
+    state, codes, stored = _gptq(4, False, seed=9)
+    expected = _gptq_oracle(state, codes, stored, "gptq")
+    del state["m.g_idx"]
+    path = tmp_path / "plain.safetensors"
+    save_file(state, path)
+    result = run("normalize", path, tmp_path / "out.safetensors", "--dequantize", "float16")
+    assert result.exit_code == 0, result.output
+    assert same_bits(load_file(tmp_path / "out.safetensors")["m.weight"], expected)
+
+
+def test_gptq_symmetric_zero_points_held_to_their_format(tmp_path, run):
+    state, codes, _ = _gptq(4, True, seed=5)
+    state["m.qzeros"] = _gptq_pack([[8] * 32] * 4, 4)                  # v2's symmetric midpoint
+    good = _gptq_folder(tmp_path / "v2", state, bits=4, group_size=32, desc_act=True, sym=True,
+                        checkpoint_format="gptq_v2")
+    assert run("normalize", good, tmp_path / "out.safetensors", "--dequantize").exit_code == 0
+    bad = _gptq_folder(tmp_path / "v1", state, bits=4, group_size=32, desc_act=True, sym=True,
+                       checkpoint_format="gptq")
+    result = run("normalize", bad, tmp_path / "bad.safetensors", "--dequantize")
+    assert result.exit_code == 2
+    assert "m.qzeros" in result.stderr and "convention" in result.stderr
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+@pytest.mark.parametrize("change, config, key, why", [
+    ("g_idx", {}, "m.g_idx", "outside the 4 groups"),
+    ("qzeros", {}, "m.qzeros", "do not pack"),
+    (None, {"bits": 8}, "m", "says bits 8"),
+    (None, {"group_size": 64}, "m", "says group_size 64"),
+    ("no_g_idx", {"desc_act": True}, "m", "desc_act"),
+])
+def test_gptq_that_lies_is_refused(tmp_path, run, change, config, key, why):
+    state, _, _ = _gptq(4, True, seed=6)
+    if change == "g_idx":
+        state["m.g_idx"][3] = 4
+    elif change == "qzeros":
+        state["m.qzeros"] = state["m.qzeros"][:3].contiguous()  # 3 rows for 4 groups
+    elif change == "no_g_idx":
+        del state["m.g_idx"]
+    path = _gptq_folder(tmp_path / "bad", state, **{"bits": 4, "group_size": 32, **config})
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", path, out, "--dequantize")
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "model.safetensors" in result.stderr and f"{key}" in result.stderr
+    assert why in result.stderr, result.stderr
+    assert not out.exists()
+    assert any(h.startswith(f"{key}: ") and why in h
+               for h in _codes_of(run, path).get("CKP016", [])), _codes_of(run, path)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Scheme", "QuantizedWeight", "Recognition", "QuantError", "register", "SCHEMES",
-           "recognize", "config_of", "DEQUANTIZE_CHOICES"]
+           "recognize", "config_of", "packed_linears", "DEQUANTIZE_CHOICES"]
 
 DEQUANTIZE_CHOICES = ("bfloat16", "float16", "float32")
 _MAX_CONFIG = 1 << 20  # a model's config.json is kilobytes
@@ -143,6 +143,22 @@ def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = Non
     return Recognition(tuple(weights), owner)
 
 
+def packed_linears(tensors: Mapping[str, Any], config: Mapping[str, Any] | None,
+                   method: str) -> Iterator[tuple[str, Any, Any]]:
+    """(module, qweight, scales) for each 2-D ``X.qweight`` beside a 2-D ``X.scales``: the
+    candidates of the int32-pack schemes (AWQ, GPTQ), which tell themselves apart by which
+    dimension the pack shrinks. None when the config names another ``quant_method``."""
+    if config and config.get("quant_method") not in (None, method):
+        return
+    for name in tensors:
+        if not name.endswith(".qweight"):
+            continue
+        module = name[:-len(".qweight")]
+        qweight, scales = tensors[name], tensors.get(f"{module}.scales")
+        if scales is not None and len(qweight.shape) == 2 and len(scales.shape) == 2:
+            yield module, qweight, scales
+
+
 def config_of(path: Path | None) -> Mapping[str, Any] | None:
     """``quantization_config`` of the ``config.json`` beside (or inside) a local checkpoint.
 
@@ -164,7 +180,7 @@ def config_of(path: Path | None) -> Mapping[str, Any] | None:
 
 def _load_schemes() -> None:
     """The scheme modules, each registering itself: a new scheme is one module and one line."""
-    from . import awq, bnb, compressed, fp8_block, mxfp4  # noqa: F401
+    from . import awq, bnb, compressed, fp8_block, gptq, mxfp4  # noqa: F401
 
 
 _load_schemes()

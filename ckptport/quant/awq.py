@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register
+from . import QuantError, QuantizedWeight, packed_linears, register
 
 if TYPE_CHECKING:
     import torch
@@ -38,19 +38,11 @@ class Awq:
 
     def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
              ) -> Iterator[QuantizedWeight]:
-        if config and config.get("quant_method") not in (None, "awq"):
-            return
-        for name in tensors:
-            if not name.endswith(".qweight"):
-                continue
-            module = name[:-len(".qweight")]
-            qweight, scales = tensors[name], tensors.get(f"{module}.scales")
-            qzeros = tensors.get(f"{module}.qzeros")
-            if scales is None or f"{module}.g_idx" in tensors or \
-                    len(qweight.shape) != 2 or len(scales.shape) != 2 or \
-                    qweight.shape[1] * 8 != scales.shape[1]:
+        for module, qweight, scales in packed_linears(tensors, config, "awq"):
+            if f"{module}.g_idx" in tensors or qweight.shape[1] * 8 != scales.shape[1]:
                 continue  # not AWQ's layout (GPTQ packs the inputs)
-            yield _weight(self, module, qweight, scales, qzeros, config)
+            yield _weight(self, module, qweight, scales, tensors.get(f"{module}.qzeros"),
+                          config)
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:

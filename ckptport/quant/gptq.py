@@ -1,0 +1,180 @@
+"""GPTQ checkpoints (AutoGPTQ, GPTQModel, optimum: ``quant_method: gptq``), 2/3/4/8-bit.
+
+Layout per linear ``X`` of ``K`` inputs and ``N`` outputs, ``G`` groups of
+inputs: ``X.qweight`` (int32 ``(K * bits / 32, N)``: each column a dense
+little-endian bit stream of its ``K`` codes, input ``k`` at bit
+``k * bits``; 3-bit codes straddle words), ``X.qzeros`` (int32
+``(G, N * bits / 32)``, each row the stream of its ``N`` zero points),
+``X.scales`` (float16 ``(G, N)``) and ``X.g_idx`` (int32 ``(K,)``: the
+group of each input; act-order, ``desc_act``, permutes it). AWQ's
+``qweight`` is packed along the outputs instead: not this scheme.
+
+Zero points: ``checkpoint_format: gptq`` (v1, AutoGPTQ's and the default
+when the config does not say) stores each zero point minus one, and the
+dequantizer adds it back after unpacking (a stored 15 of 4 bits is a zero
+point of 16, not 0); ``gptq_v2`` (GPTQModel) stores it as is. Reading one
+convention as the other shifts every weight by one step (vllm 38966).
+
+Dequantized: ``X.weight`` of ``(N, K)`` (as ``nn.Linear`` holds it),
+``scales[g_idx[k]] * (code - zero[g_idx[k]])`` with the difference taken in
+integers, multiplied in the scales' dtype (one rounding), then cast: the
+formula of AutoGPTQ's and GPTQModel's pure-torch ``dequantize_weight``
+(their kernels need CUDA; neither installs beside torch 2.13 CPU), with
+``g_idx`` honoured (dropping it scrambles act-order models: onnxruntime
+mobius 733). Without ``g_idx``, input ``k`` is in group ``k // (K / G)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..dtypes import dtype_of
+from . import QuantError, QuantizedWeight, packed_linears, register
+
+if TYPE_CHECKING:
+    import torch
+
+BITS = (2, 3, 4, 8)
+SCALES = frozenset({"float16", "bfloat16", "float32"})
+FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> what was subtracted when stored
+
+
+@dataclass(frozen=True)
+class Gptq:
+    name: str = "gptq"
+    reference: str = ("AutoGPTQ / GPTQModel dequantize_weight: scales[g_idx] * "
+                      "(codes - zeros[g_idx]), v1 zeros stored minus one")
+
+    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
+             ) -> Iterator[QuantizedWeight]:
+        for module, qweight, scales in packed_linears(tensors, config, "gptq"):
+            if qweight.shape[1] == scales.shape[1]:  # else AWQ's layout (it packs the outputs)
+                yield _weight(self, module, tensors, config)
+
+    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
+        qweight, qzeros, scales, *rest = parts
+        params = weight.params
+        bits, (outputs, inputs) = params["bits"], weight.shape
+        codes = _unpack(qweight.T, bits, inputs)                    # (N, K)
+        zeros = _unpack(qzeros, bits, outputs) + FORMATS[params["checkpoint_format"]]
+        groups = rest[0].long() if rest else \
+            torch.arange(inputs) // (inputs // scales.shape[0])
+        steps = codes - zeros.T[:, groups]                            # (N, K), integers
+        return (steps.to(scales.dtype) * scales.T[:, groups]).to(dtype)
+
+
+def _unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """The first ``count`` ``bits``-wide codes of each row's little-endian bit stream."""
+    import torch
+
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    pairs = words | (torch.nn.functional.pad(words[:, 1:], (0, 1)) << 32)
+    offsets = torch.arange(count) * bits
+    chosen = pairs[:, offsets // 32] >> (offsets % 32)
+    return (chosen & ((1 << bits) - 1)).to(torch.int16)
+
+
+def _weight(scheme: Gptq, module: str, tensors: Mapping[str, Any],
+            config: Mapping[str, Any] | None) -> QuantizedWeight:
+    qweight, scales = tensors[f"{module}.qweight"], tensors[f"{module}.scales"]
+    qzeros, g_idx = tensors.get(f"{module}.qzeros"), tensors.get(f"{module}.g_idx")
+    where = f"{module}.qweight"
+    if qzeros is None:
+        raise QuantError(f"{where}: GPTQ codes without their {module}.qzeros")
+    if dtype_of(qweight).name != "int32" or dtype_of(qzeros).name != "int32":
+        raise QuantError(f"{where}: GPTQ packs of {dtype_of(qweight)} and {dtype_of(qzeros)} "
+                         "(expected torch.int32)")
+    if dtype_of(scales).name not in SCALES:
+        raise QuantError(f"{module}.scales: GPTQ scales of dtype {dtype_of(scales)}")
+    groups, outputs = scales.shape
+    if len(qzeros.shape) != 2 or qzeros.shape[0] != groups or not groups or \
+            (qzeros.shape[1] * 32) % outputs or (qzeros.shape[1] * 32) // outputs not in BITS:
+        raise QuantError(f"{module}.qzeros: {list(qzeros.shape)} zeros do not pack the "
+                         f"{list(scales.shape)} scales at 2, 3, 4 or 8 bits")
+    bits = qzeros.shape[1] * 32 // outputs
+    inputs, rest = divmod(qweight.shape[0] * 32, bits)
+    if rest or groups > inputs:
+        raise QuantError(f"{where}: {list(qweight.shape)} words of {bits}-bit codes do not "
+                         f"hold whole inputs for {groups} groups (at the width "
+                         f"{module}.qzeros packs)")
+    parts = {"qweight": where, "qzeros": f"{module}.qzeros", "scales": f"{module}.scales"}
+    if g_idx is not None:
+        _check_groups(module, g_idx, inputs, groups)
+        parts["g_idx"] = f"{module}.g_idx"
+    elif inputs % groups:
+        raise QuantError(f"{where}: {groups} groups do not divide the {inputs} inputs and "
+                         f"there is no {module}.g_idx")
+    size = inputs // groups if groups > 1 else -1
+    params: dict[str, Any] = {"bits": bits, "group_size": size,
+                              "desc_act": False, "checkpoint_format": "gptq"}
+    if config and config.get("quant_method") == "gptq":
+        params.update(_held_to(module, config, bits, inputs, groups, g_idx is not None))
+        if config.get("sym") is True:
+            _check_symmetric(module, qzeros, bits, params["checkpoint_format"])
+    return QuantizedWeight(scheme, f"{module}.weight", (outputs, inputs), parts, params)
+
+
+def _held_to(module: str, config: Mapping[str, Any], bits: int, inputs: int, groups: int,
+             indexed: bool) -> dict[str, Any]:
+    """The config's claims the tensors bear out (a contradiction is refused)."""
+    def contradicts(key: str, have: Any) -> QuantError:
+        return QuantError(f"{module}: config.json quantization_config says {key} "
+                          f"{config[key]!r}, the tensors say {have!r}")
+
+    if config.get("bits", bits) != bits:
+        raise contradicts("bits", bits)
+    size = config.get("group_size", -1)
+    expected = 1 if size in (-1, None) else (-(-inputs // size) if isinstance(size, int)
+                                              and size > 0 else None)
+    if expected != groups:
+        raise contradicts("group_size", f"{groups} groups of {inputs} inputs")
+    found = config.get("checkpoint_format", "gptq")
+    if found not in FORMATS:
+        raise QuantError(f"{module}: config.json quantization_config checkpoint_format "
+                         f"{found!r} (expected 'gptq' or 'gptq_v2')")
+    desc_act = bool(config.get("desc_act", False))
+    if desc_act and not indexed:
+        raise QuantError(f"{module}: config.json says desc_act but there is no {module}.g_idx "
+                         "(the inputs' groups are lost)")
+    return {"checkpoint_format": found, "desc_act": desc_act}
+
+
+def _check_groups(module: str, g_idx: Any, inputs: int, groups: int) -> None:
+    import numpy as np
+
+    from ..tensors import chunks
+
+    name = f"{module}.g_idx"
+    if dtype_of(g_idx).name != "int32" or tuple(g_idx.shape) != (inputs,):
+        raise QuantError(f"{name}: a GPTQ g_idx of {dtype_of(g_idx)} {list(g_idx.shape)} "
+                         f"(expected torch.int32 [{inputs}], one group per input)")
+    index = np.frombuffer(b"".join(bytes(p) for p in chunks(g_idx)), dtype="<i4")
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= groups):
+        raise QuantError(f"{name}: group indices {int(index.min())}..{int(index.max())} "
+                         f"outside the {groups} groups of {module}.scales")
+
+
+def _check_symmetric(module: str, qzeros: Any, bits: int, checkpoint_format: str) -> None:
+    """``sym: true``: every stored zero point is the midpoint (minus one in v1)."""
+    import numpy as np
+
+    from ..tensors import chunks
+
+    stored = (1 << (bits - 1)) - FORMATS[checkpoint_format]
+    stream = sum(stored << (bits * i) for i in range(32))      # 32 codes fill `bits` words
+    pattern = np.array([(stream >> (32 * i)) & 0xFFFFFFFF for i in range(bits)], dtype="<u4")
+    words = np.frombuffer(b"".join(bytes(p) for p in chunks(qzeros)), dtype="<u4")
+    width = qzeros.shape[1]
+    expected = np.resize(pattern, width)
+    if words.size and not (words.reshape(-1, width) == expected).all():
+        raise QuantError(f"{module}.qzeros: config.json says sym with checkpoint_format "
+                         f"{checkpoint_format!r}, but the zero points are not all {stored} "
+                         "as stored (the other GPTQ zero-point convention?)")
+
+
+register(Gptq())
