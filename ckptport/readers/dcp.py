@@ -39,7 +39,7 @@ from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
 from .assembled import check_tiling
 from .base import Layout, Names, ReadOptions, Source
-from .layouts import LayoutError, layout_problem
+from .layouts import or_problem
 
 __all__ = ["DcpReader", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
 
@@ -301,13 +301,9 @@ class DcpReader:
         return Layout(folder, tuple(folder / n for n in covered), self, Format.DCP)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        try:
-            return self._load(source, options)
-        except LayoutError as exc:  # chunks that do not tile a tensor: CKP013 in reports
-            if not options.lenient:
-                raise
-            return layout_problem(source.main, self.format, source.files,
-                                  "torch.distributed.checkpoint", [exc.message])
+        # chunks that do not tile a tensor: CKP013 in reports
+        return or_problem(lambda: self._load(source, options), source.main, self.format,
+                          source.files, "torch.distributed.checkpoint", options.lenient)
 
     def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
         import torch

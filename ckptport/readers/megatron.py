@@ -37,7 +37,7 @@ from ..sources import check_regular
 from .base import Layout, Names, ReadOptions, Source
 from .dcp import METADATA_FILE, DcpReader
 from .folders import listing
-from .layouts import LayoutError, layout_problem, merged_facts
+from .layouts import LayoutError, merged_facts, or_problem
 
 __all__ = ["MegatronReader", "FORMAT"]
 
@@ -89,12 +89,9 @@ class MegatronReader(DcpReader):
         return None
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        try:
-            return self._megatron(source, options)
-        except LayoutError as exc:  # chunks that do not tile a tensor: CKP013 in reports
-            if not options.lenient:
-                raise
-            return layout_problem(source.main, FORMAT, source.files, FRAMEWORK, [exc.message])
+        # chunks that do not tile a tensor: CKP013 in reports
+        return or_problem(lambda: self._megatron(source, options), source.main, FORMAT,
+                          source.files, FRAMEWORK, options.lenient)
 
     def _megatron(self, source: Source, options: ReadOptions) -> Checkpoint:
         folder = source.main
