@@ -21,19 +21,41 @@ import enum
 import gc
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
-    "KeyPath", "format_path", "Leaf", "is_tensor", "ObjectRecord", "RecordKind", "TextEnum",
-    "GlobalRef", "Backref",
+    "Tree", "Key", "TensorLeaf", "StateDict", "KeyPath", "format_path", "Leaf", "is_tensor",
+    "ObjectRecord", "RecordKind", "TextEnum", "GlobalRef", "Backref",
     "record_parts", "children", "iter_tensors", "iter_nodes", "map_tree", "rebuild_dict",
     "is_state_dict", "KEY_VERSION", "KEY_TREE", "KEY_ALIASES", "KEY_SOURCE_SHA256",
     "KEY_RULES", "KEY_PREFIX", "type_name", "state_dicts", "replace_state_dicts", "SCALARS",
 ]
 
-KeyPath = tuple[Any, ...]
+Tree: TypeAlias = object
+"""A checkpoint tree, or any node of one: a container (dict and its kinds, list, tuple, an
+``argparse.Namespace``, an ``ObjectRecord``), a scalar (``SCALARS``), a tensor leaf
+(``TensorLeaf``), a ``GlobalRef`` or ``Backref``, or another value of the allow-list (a numpy
+array, ``torch.Size``, a dtype). Spelled ``object``, not ``Any``: what a pickle holds is not
+known until it is looked at, so every walker narrows (``children``, ``is_tensor``) before it
+uses a node, and mypy holds it to that."""
+
+Key: TypeAlias = Hashable
+"""A key of a tree's container: a dict key (str, int, or any hashable a pickle used), a list
+index, a record part's name."""
+
+KeyPath = tuple[Key, ...]
+
+TensorLeaf: TypeAlias = "Leaf | torch.Tensor"
+"""A tensor as a tree holds it: ckptport's own leaf (described, file-backed, deferred) or a
+torch tensor."""
+
+StateDict: TypeAlias = Mapping[str, Tree]
+"""A module's state: names to tensors (and the odd plain leaf), as ``load_state_dict`` takes."""
 
 # the metadata keys ckptport writes (safetensors __metadata__, shard indexes) start with this
 # prefix: ckptport writes them itself and never carries a source's
@@ -59,6 +81,13 @@ class Leaf:
     """
 
     __slots__ = ()
+
+    if TYPE_CHECKING:  # what every subclass answers (``tensors._TensorLike``)
+        shape: tuple[int, ...]
+
+        def numel(self) -> int: ...
+
+        def element_size(self) -> int: ...
 
 
 def is_tensor(value: object) -> bool:
@@ -107,11 +136,11 @@ class ObjectRecord:
 
     name: str
     kind: RecordKind = RecordKind.INSTANCE
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    state: Any = None
-    items: dict[Any, Any] = field(default_factory=dict)
-    listitems: list[Any] = field(default_factory=list)
+    args: tuple[Tree, ...] = ()
+    kwargs: dict[str, Tree] = field(default_factory=dict)
+    state: Tree = None
+    items: dict[Key, Tree] = field(default_factory=dict)
+    listitems: list[Tree] = field(default_factory=list)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -123,7 +152,7 @@ class Backref:
     target: str
 
 
-def type_name(value: Any) -> str:
+def type_name(value: Tree) -> str:
     """A value's type as reports name it: the recorded class for records, never "ObjectRecord";
     ``torch.Tensor`` for a tensor however ckptport holds it (what loading the output gives,
     never an internal name like ``ckptport.tensors.TensorInfo``)."""
@@ -138,13 +167,13 @@ def type_name(value: Any) -> str:
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
-def record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
+def record_parts(record: ObjectRecord) -> list[tuple[str, Tree]]:
     """A record's data as named entries, the way ``inspect`` shows and ``--select`` walks it.
 
     The usual ``__dict__`` state is spread into attribute names
     (``model._modules.lstm``); other parts keep their own names.
     """
-    parts = [(name, value) for name, value in (
+    parts: list[tuple[str, Tree]] = [(name, value) for name, value in (
         ("args", record.args), ("kwargs", record.kwargs), ("items", record.items),
         ("list", record.listitems)) if value]
     state = record.state
@@ -158,7 +187,7 @@ def record_parts(record: ObjectRecord) -> list[tuple[str, Any]]:
 SCALARS = frozenset({str, int, float, bool, type(None), bytes, complex})  # leaves, not nodes
 
 
-def children(node: Any) -> list[tuple[Any, Any]] | None:
+def children(node: Tree) -> list[tuple[Key, Tree]] | None:
     """(key, child) pairs of a container, or None for a leaf.
 
     Dicts by key, lists and tuples by index, records by part, namespaces by
@@ -166,13 +195,14 @@ def children(node: Any) -> list[tuple[Any, Any]] | None:
     """
     kind = type(node)
     if kind is dict or kind is OrderedDict:  # the common cases first: files hold millions
-        return list(node.items())
+        return list(cast("dict[Key, Tree]", node).items())
     if kind is list or kind is tuple:
-        return list(enumerate(node))
+        return list(enumerate(cast("list[Tree]", node)))
     if kind in SCALARS:
         return None
     if isinstance(node, ObjectRecord):
-        return record_parts(node)
+        parts: list[tuple[Key, Tree]] = list(record_parts(node))
+        return parts
     if isinstance(node, Mapping):
         return list(node.items())
     if isinstance(node, (list, tuple)):
@@ -198,9 +228,9 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+def iter_nodes(tree: Tree, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Tree]]:
     """Every node (containers first, then what they hold) with its path, in tree order."""
-    stack: list[tuple[KeyPath, Any]] = [(prefix, tree)]
+    stack: list[tuple[KeyPath, Tree]] = [(prefix, tree)]
     while stack:
         path, node = stack.pop()
         yield path, node
@@ -211,16 +241,16 @@ def iter_nodes(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]
             stack.extend(((*path, key), child) for key, child in reversed(below))
 
 
-def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+def iter_tensors(tree: Tree, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, TensorLeaf]]:
     """Every tensor leaf with its path, in the tree's own order, inside records too."""
-    stack: list[tuple[KeyPath, Any]] = [(prefix, tree)]
+    stack: list[tuple[KeyPath, Tree]] = [(prefix, tree)]
     while stack:
         path, node = stack.pop()
         kind = type(node)
         if kind in SCALARS:
             continue
         if is_tensor(node):
-            yield path, node
+            yield path, node  # type: ignore[misc]  # is_tensor: a TensorLeaf
             continue
         below = children(node)
         if below:
@@ -228,14 +258,18 @@ def iter_tensors(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any
                          if type(child) not in SCALARS)
 
 
-def rebuild_dict(original: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+def rebuild_dict(original: Mapping[_K, object], items: Iterable[tuple[_K, _V]]) -> dict[_K, _V]:
     """A dict of the same kind as ``original`` holding ``items``.
 
     A state dict is an ``OrderedDict`` carrying ``_metadata`` (module
     versions BatchNorm and others read on load); rebuilding must keep both.
     """
     if isinstance(original, OrderedDict):
-        rebuilt: dict[Any, Any] = OrderedDict(items)
+        rebuilt: dict[_K, _V] = OrderedDict(items)
         metadata = getattr(original, "_metadata", None)
         if metadata is not None:
             rebuilt._metadata = metadata  # type: ignore[attr-defined]
@@ -243,7 +277,7 @@ def rebuild_dict(original: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> d
     return dict(items)
 
 
-def map_tree(tree: Any, leaf: Callable[[KeyPath, Any], Any], prefix: KeyPath = ()) -> Any:
+def map_tree(tree: Tree, leaf: Callable[[KeyPath, Tree], Tree], prefix: KeyPath = ()) -> Tree:
     """Rebuild ``tree`` with ``leaf(path, value)`` applied to every non-container.
 
     Containers are rebuilt (dict kinds and ``_metadata`` kept; records and
@@ -263,21 +297,21 @@ def map_tree(tree: Any, leaf: Callable[[KeyPath, Any], Any], prefix: KeyPath = (
     return leaf(prefix, tree)
 
 
-def _map_record(record: ObjectRecord, leaf: Callable[[KeyPath, Any], Any],
+def _map_record(record: ObjectRecord, leaf: Callable[[KeyPath, Tree], Tree],
                 prefix: KeyPath) -> ObjectRecord:
     spread = isinstance(record.state, dict) and all(isinstance(k, str) for k in record.state)
     state_prefix = prefix if spread else (*prefix, "state")
     return ObjectRecord(
         record.name, record.kind,
-        args=map_tree(record.args, leaf, (*prefix, "args")),
-        kwargs=map_tree(record.kwargs, leaf, (*prefix, "kwargs")),
+        args=cast("tuple[Tree, ...]", map_tree(record.args, leaf, (*prefix, "args"))),
+        kwargs=cast("dict[str, Tree]", map_tree(record.kwargs, leaf, (*prefix, "kwargs"))),
         state=map_tree(record.state, leaf, state_prefix),
-        items=map_tree(record.items, leaf, (*prefix, "items")),
-        listitems=map_tree(record.listitems, leaf, (*prefix, "list")),
+        items=cast("dict[Key, Tree]", map_tree(record.items, leaf, (*prefix, "items"))),
+        listitems=cast("list[Tree]", map_tree(record.listitems, leaf, (*prefix, "list"))),
     )
 
 
-def is_state_dict(value: Any) -> bool:
+def is_state_dict(value: Tree) -> bool:
     """A non-empty mapping of string keys to tensors or plain leaves, holding a tensor."""
     if not isinstance(value, Mapping) or not value:
         return False
@@ -289,12 +323,12 @@ def is_state_dict(value: Any) -> bool:
     return has_tensor
 
 
-def state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[str, Any]]]:
+def state_dicts(node: Tree, path: KeyPath = ()) -> list[tuple[KeyPath, StateDict]]:
     """Every state dict the key rules act on, through dicts and lists (``--select all`` may
     hold several: a model's and an EMA's)."""
     if is_state_dict(node):
-        return [(path, node)]
-    found = []
+        return [(path, node)]  # type: ignore[list-item]  # is_state_dict: a StateDict
+    found: list[tuple[KeyPath, StateDict]] = []
     if isinstance(node, Mapping):
         for key, value in node.items():
             found += state_dicts(value, (*path, key))
@@ -304,11 +338,11 @@ def state_dicts(node: Any, path: KeyPath = ()) -> list[tuple[KeyPath, Mapping[st
     return found
 
 
-def replace_state_dicts(node: Any, edit: Callable[[KeyPath, Mapping[str, Any]], Any],
-                        path: KeyPath = ()) -> Any:
+def replace_state_dicts(node: Tree, edit: Callable[[KeyPath, StateDict], Tree],
+                        path: KeyPath = ()) -> Tree:
     """``node`` rebuilt with ``edit(path, state_dict)`` in place of each of ``state_dicts``."""
     if is_state_dict(node):
-        return edit(path, node)
+        return edit(path, node)  # type: ignore[arg-type]  # is_state_dict: a StateDict
     if isinstance(node, Mapping):
         return rebuild_dict(node, [(k, replace_state_dicts(v, edit, (*path, k)))
                                    for k, v in node.items()])

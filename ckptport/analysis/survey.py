@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
 from ..errors import CkptportError
@@ -304,7 +304,8 @@ def first_key_with(tree: Any, prefix: str,
 
 
 def _state_dicts(tree: Any) -> list[tuple[KeyPath, Mapping[str, Any]]]:
-    return [(path, node) for path, node in iter_nodes(tree) if is_state_dict(node)]
+    return [(path, cast("Mapping[str, Any]", node)) for path, node in iter_nodes(tree)
+            if is_state_dict(node)]
 
 
 _BLOCKING_TYPES = {argparse.Namespace: "argparse.Namespace", DefaultDict: "collections.defaultdict",

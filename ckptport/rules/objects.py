@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DType
@@ -278,7 +278,7 @@ def _record_value(record: ObjectRecord) -> Any:
             return str(args[0])
         if record.name == "fractions.Fraction" and len(args) == 2 and \
                 all(type(a) is int for a in args):
-            return str(Fraction(*args))
+            return str(Fraction(*cast("tuple[int, int]", args)))
         if record.name in ("uuid.UUID",) and isinstance(record.state, dict) and \
                 type(record.state.get("int")) is int:
             return f"{record.state['int']:032x}"
@@ -324,7 +324,7 @@ def _config_value(node: Any) -> Any:
 def _timedelta(record: Any) -> datetime.timedelta | None:
     if isinstance(record, ObjectRecord) and record.name == "datetime.timedelta" and \
             len(record.args) <= 3 and all(type(a) is int for a in record.args):
-        return datetime.timedelta(*record.args)
+        return datetime.timedelta(*cast("tuple[int, ...]", record.args))
     return None
 
 
@@ -337,7 +337,7 @@ def _timezone(record: Any) -> datetime.timezone | None:
     name = record.args[1:]
     if offset is None or not all(type(n) is str for n in name):
         return None
-    return datetime.timezone(offset, *name)
+    return datetime.timezone(offset, *cast("tuple[str, ...]", name))
 
 
 def record_dict(record: ObjectRecord) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..checkpoint import Checkpoint
 from ..errors import SelectionError
@@ -285,6 +285,8 @@ def _get(tree: Any, path: KeyPath) -> Any:
     for key in path:
         if isinstance(tree, ObjectRecord) or not isinstance(tree, (Mapping, list, tuple)):
             tree = dict(children(tree) or ())[key]
-        else:
+        elif isinstance(tree, Mapping):
             tree = tree[key]
+        else:
+            tree = tree[cast("int", key)]
     return tree
