@@ -1,24 +1,11 @@
 """Manifests: the identity of a checkpoint's weights, whatever the container.
 
-A manifest lists every tensor of the normalized weights — name, dtype,
-shape, byte count and the sha256 of its canonical bytes (contiguous,
-row-major, little-endian: what ``chunks`` yields) — with the names tied to
-it, and one **weights digest**: the sha256 of the sorted per-tensor lines
-
-    ["name","dtype",[shape],nbytes,"sha256"]\\n...
-
-(compact JSON, one line per tensor, sorted, joined by newlines, no trailing
-newline). A tie — one tensor under several names — is one line, under the
-name that stands for it (``ties``); its other names are listed with
-``alias_of`` and left out of the digest, so a tied name stored, tied or
-omitted as the hub omits it gives one digest. Key order, sharding and the
-container do not enter it, so a ``.pth``, a ``.safetensors`` file, a shard
-set, a DCP folder and a Hugging Face folder holding the same weights have
-the same digest; a cast changes it. (Schema version 1 put every name in the
-digest; such manifests still read and check with that definition.) The
-file also records its schema version, the tool's version and the normalize
-options it was made with (``check --against-manifest`` normalizes the
-artifact with the same options).
+What a manifest lists and how its weights digest is defined is ``digest``'s
+(re-exported here, where callers make and read manifests). This module makes
+one from a checkpoint (normalized with the options it records: ``check
+--against-manifest`` normalizes the artifact with the same options), writes,
+reads and compares them. The file also records its schema version, the
+tool's version and those options.
 
 Hashing reads each unique tensor once, by position, on every core
 (hashlib releases the GIL); memory is one read buffer per worker.
@@ -31,11 +18,10 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._version import __version__
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
 from ..errors import CkptportError, InputError, OptionError, OutputError
@@ -46,7 +32,8 @@ from ..rules.keys import recipe_from_json
 from ..rules.quantized import quantization_of
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import format_path, iter_tensors
-from .ties import TIE_BY, TieBy, canonical_ties, declared_ties
+from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, weights_digest
+from .ties import canonical_ties, declared_ties
 
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
            "build_manifest", "load_manifest", "manifest_from_json", "write_manifest", "is_manifest",
@@ -54,81 +41,8 @@ __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION",
            "manifest_options", "tied_elsewhere", "weights_digest", "unproven_alias",
            "options_from_json"]
 
-SCHEMA = "ckptport.manifest"
-VERSION = 2  # 2: a tie is one line of the digest (1: every name was)
 MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists tensors, not their bytes
 _HEX = frozenset("0123456789abcdef")
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    sha256: str
-    tied: tuple[str, ...] = ()  # the other names of the same tensor (not in the digest)
-    alias_of: str | None = None  # the name that stands for this tie (then not in the digest)
-    tie_by: TieBy | None = None  # how the tie is known, on every name of a tie
-
-    def line(self) -> str:
-        return json.dumps([self.name, self.dtype, list(self.shape), self.nbytes, self.sha256],
-                          separators=(",", ":"), ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    tensors: tuple[TensorEntry, ...]  # sorted by name
-    options: Mapping[str, Any]
-    digest: str = field(init=False)
-    version: int = VERSION
-    tool: str = __version__
-    quantization: Mapping[str, Any] = field(default_factory=dict)  # schemes, not in the digest
-    # how the listed weights were made, not in the digest: {"map": {"path", "sha256"}}, the
-    # recipe a normalize --manifest applied (options stay those that reproduce the output)
-    made_with: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "digest", weights_digest(self.tensors, self.version))
-
-    def notes(self) -> tuple[str, ...]:
-        """What the digest had to guess: aliases known only by the hub's convention."""
-        return tuple(f"note: {t.name} is taken as a tie of {t.alias_of} (same content; the "
-                     "hub's convention, no config.json declares it) and left out of the "
-                     "digest" for t in self.tensors if t.alias_of and t.tie_by == "convention")
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
-
-    def by_name(self) -> dict[str, TensorEntry]:
-        return {t.name: t for t in self.tensors}
-
-    def to_json(self) -> str:
-        doc = {"schema": SCHEMA, "version": self.version, "ckptport": self.tool,
-               "options": dict(self.options), "digest": self.digest,
-               "tensor_count": len(self.tensors), "total_bytes": self.total_bytes,
-               "tensors": [_entry_json(t) for t in self.tensors]}
-        if self.quantization:
-            doc["quantization"] = dict(self.quantization)
-        if self.made_with:
-            doc["made_with"] = dict(self.made_with)
-        return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
-
-
-def _entry_json(entry: TensorEntry) -> dict[str, Any]:
-    made = {**asdict(entry), "shape": list(entry.shape), "tied": list(entry.tied)}
-    for name in ("alias_of", "tie_by"):  # only on tied names: untied entries read as before
-        if made[name] is None:
-            del made[name]
-    return made
-
-
-def weights_digest(entries: Iterable[TensorEntry], version: int = VERSION) -> str:
-    """The sha256 of the sorted lines: of the names standing for their tensors (version
-    2), or of every name (version 1)."""
-    lines = sorted(entry.line() for entry in entries if version < 2 or entry.alias_of is None)
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def options_of(options: NormalizeOptions) -> dict[str, Any]:

@@ -31,15 +31,11 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:
-    from .manifests import TensorEntry
+from .digest import TensorEntry, TieBy
 
-__all__ = ["TieBy", "stands_for", "canonical_ties", "declared_ties", "TIE_BY"]
+__all__ = ["stands_for", "canonical_ties", "declared_ties"]
 
-TieBy = Literal["storage", "config", "convention"]
-TIE_BY: tuple[TieBy, ...] = ("storage", "config", "convention")
 _OUTPUTS = (("lm_head",), ("embed_out",), ("cls", "predictions", "decoder"))
 _SIDE_INPUTS = (("encoder", "embed_tokens"), ("decoder", "embed_tokens"))
 _MAX_CONFIG_BYTES = 1 << 20  # a model config, not a checkpoint
