@@ -23,7 +23,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, TypeAlias, TypeGuard, TypeVar, cast
 
 if TYPE_CHECKING:
     import torch
@@ -75,22 +75,34 @@ def format_path(path: KeyPath) -> str:
 class Leaf:
     """Base of ckptport's own tensor leaves (described, file-backed, deferred).
 
-    Subclasses answer what reports and rules ask of a tensor (``dtype``,
-    ``shape``, ``numel()``, ``element_size()``, ``stride()``,
-    ``storage_offset()``); ``ckptport.tensors`` reads their bytes.
+    Subclasses answer what reports and rules ask of a tensor, as a torch
+    tensor answers it, so code given a ``TensorLeaf`` asks either alike;
+    ``ckptport.tensors`` reads their bytes.
     """
 
     __slots__ = ()
 
-    if TYPE_CHECKING:  # what every subclass answers (``tensors._TensorLike``)
+    if TYPE_CHECKING:  # what every subclass answers (``tensors.leaves._TensorLike``)
+        dtype: object  # a ``dtypes.DType`` (that layer sits above); ``dtypes.dtype_of`` reads it
         shape: tuple[int, ...]
+
+        @property
+        def device(self) -> str: ...  # where it was saved (``cuda:3``), as the file records
 
         def numel(self) -> int: ...
 
         def element_size(self) -> int: ...
 
+        def stride(self) -> tuple[int, ...]: ...
 
-def is_tensor(value: object) -> bool:
+        def storage_offset(self) -> int: ...
+
+        def is_contiguous(self) -> bool: ...
+
+        def is_floating_point(self) -> bool: ...
+
+
+def is_tensor(value: object) -> TypeGuard[TensorLeaf]:
     """True for ckptport's leaves and torch tensors, never importing torch."""
     if isinstance(value, Leaf):
         return True
@@ -250,7 +262,7 @@ def iter_tensors(tree: Tree, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Te
         if kind in SCALARS:
             continue
         if is_tensor(node):
-            yield path, node  # type: ignore[misc]  # is_tensor: a TensorLeaf
+            yield path, node
             continue
         below = children(node)
         if below:

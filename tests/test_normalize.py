@@ -339,13 +339,13 @@ def test_deferred_casts_are_made_one_at_a_time(tmp_path, ext, monkeypatch):
     """The streaming pipeline never holds two computed tensors at once (``Pending`` leaves)."""
     import weakref
 
-    import ckptport.tensors
+    import ckptport.tensors.data
     from ckptport.checkpoint import Checkpoint, Format, SourceFacts
     from ckptport.dtypes import by_name
     from ckptport.tensors import Pending
 
     alive, peak, made = [0], [0], [0]
-    real = ckptport.tensors.to_torch
+    real = ckptport.tensors.data.to_torch
 
     def counting(leaf, storages=None):
         tensor = real(leaf, storages)
@@ -356,7 +356,7 @@ def test_deferred_casts_are_made_one_at_a_time(tmp_path, ext, monkeypatch):
             weakref.finalize(tensor, lambda: alive.__setitem__(0, alive[0] - 1))
         return tensor
 
-    monkeypatch.setattr(ckptport.tensors, "to_torch", counting)
+    monkeypatch.setattr(ckptport.tensors.data, "to_torch", counting)
     tree = {f"t{i}": Pending(torch.full((256,), float(i)), by_name("float16"))
             for i in range(6)}
     tree["tied"] = tree["t0"]

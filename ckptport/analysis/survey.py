@@ -21,7 +21,16 @@ from ..errors import CkptportError
 from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
 from ..rules.quantized import quantization_of
 from ..rules.select import Select
-from ..tensors import Pending, extent, group_by_storage, human_bytes, nbytes, storage_key, view_key
+from ..tensors import (
+    Pending,
+    extent,
+    group_by_storage,
+    human_bytes,
+    nbytes,
+    storage_key,
+    storage_nbytes,
+    view_key,
+)
 from ..tree import (
     Backref,
     GlobalRef,
@@ -340,7 +349,7 @@ def storage_bloat(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
         for start, stop in sorted(spans):
             used += max(0, stop - max(start, end))
             end = max(end, stop)
-        total = first.untyped_storage().nbytes()
+        total = storage_nbytes(first)
         if total > used:
             bloated.append(StorageBloat(format_path(first_path), total, used))
     return tuple(bloated)

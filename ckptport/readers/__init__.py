@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
@@ -48,6 +48,9 @@ from .shards import ShardsReader
 from .torch_zip import TorchScriptReader, TorchZipReader
 from .universal import UniversalReader
 from .verl import VerlReader
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
@@ -242,7 +245,7 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     One leaf under two names (tied) becomes one torch tensor; leaves over one
     storage become views of one torch storage.
     """
-    storages: dict[int, object] = {}
+    storages: dict[int, torch.UntypedStorage] = {}
     made: dict[int, object] = {}
 
     def leaf(path: tuple[object, ...], value: object) -> object:
@@ -255,7 +258,7 @@ def materialize(checkpoint: Checkpoint) -> Checkpoint:
     return checkpoint.with_tree(map_tree(checkpoint.tree, leaf))
 
 
-def _torch_value(value: object, storages: dict[int, object]) -> object:
+def _torch_value(value: object, storages: dict[int, torch.UntypedStorage]) -> object:
     if is_tensor(value):
         return to_torch(value, storages)
     if isinstance(value, (Size, Device)):
