@@ -101,11 +101,11 @@ def test_the_sdist_and_the_wheel_hold_the_package(dist):
     assert wheel.name == f"ckptport-{version}-py3-none-any.whl"
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"pyproject.toml", "README.md", "ckptport/cli.py"} <= names
+    assert {"pyproject.toml", "README.md", "ckptport/cli/__init__.py"} <= names
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
         entry = whl.read(f"ckptport-{version}.dist-info/entry_points.txt").decode()
-    assert "ckptport/cli.py" in names and not any(n.startswith(("tests/", "fixtures/"))
+    assert "ckptport/cli/__init__.py" in names and not any(n.startswith(("tests/", "fixtures/"))
                                                      for n in names)
     assert "ckptport = ckptport.cli:main" in entry
 
