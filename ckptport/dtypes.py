@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .sealed import sealed
 
@@ -87,7 +87,7 @@ class DType:
         made: torch.dtype = getattr(torch, self.name)
         return made
 
-    def to_numpy(self) -> np.dtype[Any]:
+    def to_numpy(self) -> np.dtype[np.generic]:
         """The numpy dtype of the same width and meaning; raw bytes where numpy has none."""
         import numpy as np
 
@@ -163,7 +163,7 @@ def all_names() -> Iterator[tuple[str, DType]]:
 
 
 @cache
-def _from_torch(dtype: Any) -> DType:
+def _from_torch(dtype: object) -> DType:
     name = str(dtype).removeprefix("torch.")
     found = by_name(name)
     if found is None:
@@ -171,7 +171,7 @@ def _from_torch(dtype: Any) -> DType:
     return found
 
 
-def dtype_of(value: Any) -> DType:
+def dtype_of(value: object) -> DType:
     """The ``DType`` of a tensor leaf or a dtype (ckptport's or torch's)."""
     dtype = getattr(value, "dtype", value)
     return dtype if isinstance(dtype, DType) else _from_torch(dtype)

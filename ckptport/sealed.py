@@ -10,7 +10,7 @@ after ``@dataclass``, which only adds the method where a class lacks it.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 __all__ = ["sealed"]
 
@@ -18,7 +18,7 @@ T = TypeVar("T", bound=type)
 
 
 def sealed(cls: T) -> T:
-    def __setstate__(self: Any, state: Any) -> NoReturn:
+    def __setstate__(self: object, state: object) -> NoReturn:
         raise TypeError(f"BUILD on a {type(self).__name__}: ckptport's values take no pickle "
                         "state")
 

@@ -17,7 +17,7 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
 from ..dtypes import DType, by_safetensors
 from ..errors import InputError
@@ -71,7 +71,7 @@ class _Refuse(ValueError):
     pass
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
         duplicate = next(k for k in keys if keys.count(k) > 1)
@@ -79,7 +79,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _constant(name: str) -> Any:
+def _constant(name: str) -> NoReturn:
     raise _Refuse(f"the JSON header holds {name}, which is not JSON")
 
 
@@ -90,7 +90,7 @@ def _integer(text: str) -> int:
     return value
 
 
-def _strings_ok(value: Any) -> None:
+def _strings_ok(value: object) -> None:
     """Lone surrogates decode in Python's json but not in the library's."""
     stack = [value]
     while stack:

@@ -12,7 +12,6 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
 
 from ..checkpoint import Format
 from ..errors import InputError
@@ -39,7 +38,7 @@ class ShardIndex:
     aliases: dict[str, str] = field(default_factory=dict)
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
         raise ValueError(f"the key {next(k for k in keys if keys.count(k) > 1)!r} appears twice")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import struct
 import tarfile
-from typing import Any
+from typing import overload
 
 from ..checkpoint import Format
 from ..errors import CkptportError, InputError
@@ -76,7 +76,8 @@ _HEAD = 1 << 12  # where a file that is no pickle stops being one (a safetensors
 
 
 class _WholeFile:
-    """The file as the bytes-like ``scan`` walks, read in blocks as the walk reaches them.
+    """The file as the bytes-like ``scan`` walks (``scan.Opcodes``), read in blocks as the
+    walk reaches them.
 
     ``torch.load`` reads a pickle as far as it goes, so the verdict must too; but a
     pickle that skips a giant string needs none of the string's bytes, so only the
@@ -101,7 +102,13 @@ class _WholeFile:
                 start, min(self._BLOCK, self.source.size - start))
         return block
 
-    def __getitem__(self, item: int | slice) -> Any:
+    @overload
+    def __getitem__(self, item: int) -> int: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> bytes: ...
+
+    def __getitem__(self, item: int | slice) -> int | bytes:
         if isinstance(item, int):
             if not 0 <= item < self.source.size:
                 raise IndexError(item)
@@ -144,7 +151,7 @@ def torch_would_unpickle(source: SourceFile, head: bytes | None = None) -> bool:
     except ScanError as exc:
         if source.size <= len(head) or not exc.truncated:
             return executes_before(head, exc.position)
-    data: Any = _WholeFile(source)
+    data = _WholeFile(source)
     try:
         scan(data, 0)
         return True

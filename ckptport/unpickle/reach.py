@@ -38,7 +38,7 @@ import types
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import cast
 
 from . import imports, stdlib
 from .snapshots import TORCH_NN_CLASSES, TORCH_NN_FUNCTIONS
@@ -98,7 +98,7 @@ def _class_home(cls: type) -> str | None:
     return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else None
 
 
-def _routine_home(routine: Any) -> str | None:
+def _routine_home(routine: object) -> str | None:
     """Where a function or a method of a C type is defined; its attributes are the type's."""
     if type(routine) is types.MethodType:
         routine = routine.__func__
@@ -116,7 +116,7 @@ def _routine_home(routine: Any) -> str | None:
     return f"{module}.{qualname}" if type(module) is str else None
 
 
-def describe(value: Any, path: str) -> Reached:
+def describe(value: object, path: str) -> Reached:
     """The kind and home of an object ``path`` reached, found without running any of its code.
 
     Only ``type(value)`` is asked of an arbitrary object (``isinstance`` would ask
@@ -126,11 +126,11 @@ def describe(value: Any, path: str) -> Reached:
     if issubclass(kind, types.ModuleType):
         name = vars(value).get("__name__")
         return Reached(Reach.MODULE, name if type(name) is str else path)
-    if kind in (staticmethod, classmethod):
+    if type(value) is staticmethod or type(value) is classmethod:
         value = value.__func__
         kind = type(value)
     if issubclass(kind, type):
-        home = _class_home(value)
+        home = _class_home(cast(type, value))  # type(value) is a metaclass: value a class
         return Reached(Reach.CLASS, home) if home else Reached(
             Reach.UNRESOLVED, path, f"the class {path} does not say where it is defined")
     if kind in _ROUTINES or callable(value):  # a callable object is judged by its type
@@ -142,7 +142,7 @@ def describe(value: Any, path: str) -> Reached:
     return Reached(Reach.VALUE, _class_home(kind) or f"{path} (of an unknown type)")
 
 
-def _member(owner: Any, name: str) -> Any:
+def _member(owner: object, name: str) -> object:
     """``getattr(owner, name)`` read statically; ``LookupError`` when it is not there so."""
     if isinstance(owner, types.ModuleType):
         found = vars(owner)
@@ -201,7 +201,7 @@ def reach(module: str, attributes: str) -> Reached | None:
         return Reached(Reach.CLASS, path)
     if path in TORCH_NN_FUNCTIONS:
         return Reached(Reach.FUNCTION, path)
-    value: Any = _import(module)
+    value: object = _import(module)
     if value is None:
         return Reached(Reach.UNRESOLVED, path, f"the module {module} cannot be imported here")
     walked = module

@@ -23,10 +23,27 @@ from __future__ import annotations
 import pickletools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, overload
 
 __all__ = ["Scan", "ScanError", "scan", "tuple_depth_bound", "nesting_depth",
-           "executes_before"]
+           "executes_before", "Opcodes"]
+
+
+class Opcodes(Protocol):
+    """What ``scan`` and ``executes_before`` read of a pickle: its bytes, or an object
+    that reads a file's blocks only as the walk lands on them (``containers.sniff``)."""
+
+    def __len__(self) -> int: ...
+
+    @overload
+    def __getitem__(self, item: int) -> int: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> bytes: ...
+
+    def find(self, needle: bytes, start: int = ..., end: int | None = ...) -> int: ...
+
+    def index(self, needle: bytes, start: int = ...) -> int: ...
 
 
 class ScanError(ValueError):
@@ -187,7 +204,7 @@ def _next(data: bytes, pos: int) -> int:
     return pos + 1  # STOP
 
 
-def _counted(data: bytes, pos: int, width: int, end: int) -> int:
+def _counted(data: Opcodes, pos: int, width: int, end: int) -> int:
     """Past an opcode whose argument is a length and that many bytes; the length checked."""
     start = pos + 1 + width
     if start > end:
@@ -199,19 +216,44 @@ def _counted(data: bytes, pos: int, width: int, end: int) -> int:
     return start + declared
 
 
-def scan(data: bytes, start: int = 0) -> Scan:
+def _protocol(data: Opcodes, start: int, end: int) -> tuple[int, int]:
+    """The protocol the pickle's ``PROTO`` declares (0 without one) and where its opcodes
+    start."""
+    if start >= end or _NAMES[data[start]] != "PROTO":
+        return 0, start
+    if start + 1 >= end or data[start + 1] > 5:
+        shown = data[start + 1] if start + 1 < end else "?"
+        raise ScanError(f"unsupported pickle protocol {shown}", start)
+    return data[start + 1], start + 2
+
+
+def _frame(data: Opcodes, at: int, frame_end: int, end: int) -> int:
+    """Where the FRAME at ``at`` ends: it may neither nest nor claim more than remains."""
+    if at < frame_end:
+        raise ScanError(f"a FRAME at byte {at} starts inside another frame", at)
+    size = int.from_bytes(data[at + 1:at + 9], "little")
+    if size > end - at - 9:
+        raise ScanError(f"a FRAME at byte {at} claims {size} bytes but only "
+                        f"{end - at - 9} remain", at, truncated=True)
+    return at + 9 + size
+
+
+def _unexpected(kind: int, op: int, at: int) -> ScanError:
+    """What an opcode no pickle may hold there says: a late PROTO, a refused or unknown one."""
+    if kind == _PROTO:
+        return ScanError(f"PROTO at byte {at}, after the pickle started", at)
+    if kind == _REFUSED:
+        return ScanError(f"pickle opcode {_NAMES[op]} at byte {at} is not supported "
+                         "(torch cannot load it either)", at)
+    return ScanError(f"byte {at} holds {op:#04x}, not a pickle opcode", at)
+
+
+def scan(data: Opcodes, start: int = 0) -> Scan:
     """Walk one pickle from ``start``; raise ``ScanError`` where it goes wrong."""
     end = len(data)
     kind, step = _KIND, _STEP
     memo_limit = end  # a real memo index is below the number of opcodes, below the size
-    pos = start
-    protocol = 0
-    if pos < end and _NAMES[data[pos]] == "PROTO":
-        if pos + 1 >= end or data[pos + 1] > 5:
-            shown = data[pos + 1] if pos + 1 < end else "?"
-            raise ScanError(f"unsupported pickle protocol {shown}", pos)
-        protocol = data[pos + 1]
-        pos += 2
+    protocol, pos = _protocol(data, start, end)
     frame_end = -1
     try:
         while True:
@@ -252,22 +294,11 @@ def scan(data: bytes, start: int = 0) -> Scan:
                                     "before its FRAME ends (data hidden after STOP)", at)
                 return Scan(start, at + 1, protocol)
             elif k == _FRAME:
-                if at < frame_end:
-                    raise ScanError(f"a FRAME at byte {at} starts inside another frame", at)
-                size = int.from_bytes(data[pos + 1:pos + 9], "little")
+                frame_end = _frame(data, at, frame_end, end)
                 pos += 9
-                if size > end - pos:
-                    raise ScanError(f"a FRAME at byte {at} claims {size} bytes but only "
-                                    f"{end - pos} remain", at, truncated=True)
-                frame_end = pos + size
                 continue
-            elif k == _PROTO:
-                raise ScanError(f"PROTO at byte {at}, after the pickle started", at)
-            elif k == _REFUSED:
-                raise ScanError(f"pickle opcode {_NAMES[op]} at byte {at} is not supported "
-                                "(torch cannot load it either)", at)
             else:
-                raise ScanError(f"byte {at} holds {op:#04x}, not a pickle opcode", at)
+                raise _unexpected(k, op, at)
             if pos > end:
                 raise ScanError(f"a pickle opcode at byte {at} declares {pos - at} bytes, "
                                 f"past the end of the data ({end - at} remain)", at,
@@ -276,9 +307,9 @@ def scan(data: bytes, start: int = 0) -> Scan:
                 if at < frame_end:
                     raise ScanError(f"an opcode at byte {at} crosses the end of its FRAME", at)
                 frame_end = -1
-    except (IndexError, ValueError) as exc:  # ran off the end: index() or data[pos]
-        if isinstance(exc, ScanError):
-            raise
+    except ScanError:
+        raise
+    except (IndexError, ValueError):  # ran off the end: index() or data[pos]
         raise ScanError(f"the pickle ends at byte {end} without STOP (truncated)",
                         pos, truncated=True) from None
 
@@ -312,7 +343,7 @@ _STACK = _stack_effects()
 MAX_TEXT = 1 << 20  # of a text argument, what the sniff reads to judge it
 _NUMBER_TEXT = re.compile(rb"[0-9A-Za-z+\-._]*")  # what int(text, 0) and float() may take
 
-def executes_before(data: bytes, end: int) -> bool:
+def executes_before(data: Opcodes, end: int) -> bool:
     """Whether the well-formed opcodes of ``data[:end]`` import or call anything.
 
     ``end`` is where ``scan`` stopped; a full unpickler runs every opcode
@@ -362,7 +393,7 @@ def executes_before(data: bytes, end: int) -> bool:
     return False
 
 
-def _valid_text(name: str, data: Any, start: int, newline: int) -> bool:
+def _valid_text(name: str, data: Opcodes, start: int, newline: int) -> bool:
     """``_valid_line`` of ``data[start:newline]``, holding at most ``MAX_TEXT`` of it.
 
     A line can run through a whole file (a safetensors file whose header length begins

@@ -87,8 +87,9 @@ DATA_NAMES: dict[str, frozenset[str]] = {
     "ipaddress": frozenset({"IPv4Address", "IPv6Address", "IPv4Network", "IPv6Network",
                             "IPv4Interface", "IPv6Interface"}),
     "types": frozenset({"SimpleNamespace"}),
-    # special forms and aliases used as values (omegaconf's ref_type): none can be called
-    # to build anything (the instantiable aliases, OrderedDict, DefaultDict, ... are not here)
+    # special forms and aliases used as values (omegaconf's ref_type, typing.Any): none can
+    # be called to build anything (the instantiable aliases, OrderedDict, DefaultDict, ... are
+    # not here)
     "typing": frozenset({"Any", "List", "Dict", "Tuple", "Set", "FrozenSet", "Type",
                          "Optional", "Union", "Callable", "Sequence", "Mapping",
                          "MutableMapping", "MutableSequence", "Iterable", "Iterator",
