@@ -14,7 +14,7 @@ from .text import TextFormatter, check_summary
 
 if TYPE_CHECKING:
     from ..commands.check import CheckReport
-    from . import Failure
+    from .protocol import Failure
 
 __all__ = ["GithubFormatter"]
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..analysis.survey import InspectReport
     from ..commands.check import CheckReport
     from ..commands.normalize import FolderReport, NormalizeReport
-    from . import Failure
+    from .protocol import Failure
 
 __all__ = ["JsonFormatter", "jsonable"]
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..commands.check import CheckReport
     from ..commands.normalize import FolderReport, NormalizeReport
     from ..rules import RuleResult
-    from . import Failure
+    from .protocol import Failure
 
 __all__ = ["TextFormatter", "Section", "diff_sections", "diff_context", "inspect_lines",
            "check_summary"]

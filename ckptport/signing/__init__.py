@@ -45,7 +45,7 @@ from .attestation import WEIGHTS_PREDICATE, Attestation, read_attestation, weigh
 from .bundles import OMS_PREDICATE, SignedStatement, open_statement, sign_statement, signed_bundle
 from .files import FILE_HASHES, FilesComparison, compare_files, files_payload
 from .keys import SigningKey, TrustedKeys
-from .onepass import TensorRanges, one_pass_payload
+from .onepass import TensorRanges
 
 __all__ = ["sign", "verify", "SignReport", "VerifyReport", "SigningKey", "TrustedKeys",
            "signature_paths", "attestation_path", "FILE_HASHES", "WEIGHTS_PREDICATE",
@@ -161,7 +161,7 @@ def sign(src: Any, key: SigningKey, *, output: Path | None = None,
     def with_files(normalized: Checkpoint) -> dict[Any, str]:
         """The files' payload, hashing on the way the tensors that lie in them (one read)."""
         ranges = TensorRanges(normalized.tree)
-        found.append(one_pass_payload(Path(src), ignored, ranges, jobs))
+        found.append(files_payload(Path(src), ignored, "sha256", ranges, jobs))
         return ranges.done
 
     if files_too and file_hash == "sha256":

@@ -51,13 +51,17 @@ def hash_model(model: Path, config: Any) -> Any:
         raise InputError(f"cannot hash its files: {cause(exc)}", model) from None
 
 
-def files_payload(model: Path, ignored: Iterable[Path], algorithm: str) -> Any:
+def files_payload(model: Path, ignored: Iterable[Path], algorithm: str,
+                  ranges: TensorRanges | None = None, jobs: int | None = None) -> Any:
     """``model_signing``'s payload over ``model``'s files, ``ignored`` (relative) left out
-    with the git files, as ``model_signing sign`` leaves them out."""
+    with the git files, as ``model_signing sign`` leaves them out. With ``ranges`` (sha256
+    only) each file is read once and the tensors lying in it are hashed on the way, their
+    digests left in ``ranges.done`` (``onepass``)."""
     from model_signing import hashing
 
-    config = hashing.Config().use_file_serialization(
-        hashing_algorithm=algorithm)  # type: ignore[arg-type]  # one of FILE_HASHES
+    config = tapped_config(ranges, jobs) if ranges is not None else \
+        hashing.Config().use_file_serialization(
+            hashing_algorithm=algorithm)  # type: ignore[arg-type]  # one of FILE_HASHES
     config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
     return library().signing.Payload(hash_model(model, config))
 

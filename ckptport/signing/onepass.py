@@ -31,7 +31,7 @@ from ..parallel import workers
 from ..tensors import ViewKey, file_range, view_key
 from ..tree import iter_tensors
 
-__all__ = ["TensorRanges", "one_pass_payload", "tapped_config"]
+__all__ = ["TensorRanges", "tapped_config"]
 
 CHUNK = 8 << 20
 FileKey = tuple[int, int]  # (st_dev, st_ino): a file however its path is spelled
@@ -135,13 +135,3 @@ def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
     config._serializer = file.Serializer(TappedHasher, max_workers=workers(jobs))  # noqa: SLF001
     return config
 
-
-def one_pass_payload(model: Path, ignored: list[Path], ranges: TensorRanges,
-                     jobs: int | None = None) -> Any:
-    """``model_signing``'s sha256 payload over ``model``'s files, read once, its tensors'
-    digests left in ``ranges.done``."""
-    from .files import hash_model
-    from .keys import library
-
-    config = tapped_config(ranges, jobs).set_ignored_paths(paths=ignored, ignore_git_paths=True)
-    return library().signing.Payload(hash_model(model, config))
