@@ -20,26 +20,25 @@ copy; stage 0 with bf16 keeps per-parameter fp32 masters in the model
 states (``optimizer.fp32_groups``), matched to the ``module``'s names.
 Lightning's DeepSpeed checkpoints (``epoch=0.ckpt/checkpoint/``) are the
 same layout under Lightning's key names.
+
+This module finds a tag's rank files and proves them one save; what their
+partitions mean (the consolidation itself) is ``readers.zero``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..checkpoint import Checkpoint, Format
-from ..dtypes import DTYPES
 from ..errors import InputError
-from ..tensors import CHUNK_BYTES, Pending, TensorInfo, chunks, view_key
-from ..tree import is_tensor, rebuild_dict
-from .assembled import Box, assemble, flat_box
+from ..tree import Tree
 from .base import Layout, Names, ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
+from .zero import Branch, require_dict, stage0_fp32, zero_fp32
 
 __all__ = ["DeepSpeedReader", "tag_folder", "tag_files", "FORMAT", "LATEST"]
 
@@ -197,7 +196,7 @@ _RUN_FACTS = ("param_shapes", "frozen_param_shapes", "buffer_names", "global_ste
               "global_samples", "skipped_steps", "dp_world_size", "mp_world_size")
 
 
-def _one_run(trees: list[Any], files: list[Path], facts: tuple[str, ...], folder: Path) -> None:
+def _one_run(trees: list[Tree], files: list[Path], facts: tuple[str, ...], folder: Path) -> None:
     """Refuse rank files that are not of one save: a fact two files record differs (a
     rank file copied in from another run, or another step of this one). A fact a file
     does not record (older DeepSpeed, Lightning) is not compared."""
@@ -212,71 +211,6 @@ def _one_run(trees: list[Any], files: list[Path], facts: tuple[str, ...], folder
                 raise LayoutError(f"{path.name} records another {fact} than "
                                   f"{files[0].name}{shown}: rank files of different runs",
                                   folder)
-
-
-def _get(tree: Any, key: str, path: Path, kind: type | tuple[type, ...] = object) -> Any:
-    if not isinstance(tree, dict) or key not in tree:
-        raise InputError(f"has no {key!r}: not a DeepSpeed checkpoint file", path)
-    value = tree[key]
-    if not isinstance(value, kind):
-        raise InputError(f"{key!r} is a {type(value).__name__}, not what DeepSpeed writes",
-                         path)
-    return value
-
-
-def _shape(value: Any, name: str, path: Path) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or not all(type(d) is int and d >= 0
-                                                       for d in value):
-        raise InputError(f"param_shapes gives {name!r} a shape that is not a tuple of sizes",
-                         path)
-    return tuple(value)
-
-
-def _tensors(value: Any, what: str, path: Path) -> list[TensorInfo]:
-    if not isinstance(value, list) or not all(isinstance(t, TensorInfo) and len(t.shape) <= 1
-                                              for t in value):
-        raise InputError(f"{what} is not a list of flat tensors", path)
-    return value
-
-
-def _fp32(leaf: Any) -> Any:
-    """A buffer as zero_to_fp32 keeps it: floating point ones in fp32."""
-    if leaf.dtype.is_floating_point and leaf.dtype != DTYPES["float32"]:
-        return Pending(leaf, DTYPES["float32"])
-    return leaf
-
-
-class _Flat:
-    """The flat fp32 vector of one param group (ZeRO-1/2) or of all groups (ZeRO-3) on
-    each rank, read as element ranges: what ``torch.cat`` would make, never made."""
-
-    def __init__(self, parts: list[TensorInfo], path: Path,
-                 origins: list[str] | None = None) -> None:
-        self.parts, self.path = parts, path
-        self.origins = origins or [path.name] * len(parts)
-        self.ends = list(_running(p.numel() for p in parts))
-        self.numel = self.ends[-1] if self.ends else 0
-
-    def boxes(self, start: int, count: int, at: int, name: str) -> Iterator[Box]:
-        """Elements ``start..start + count``, placed at element ``at`` of ``name``."""
-        if start + count > self.numel:
-            raise InputError(f"{name} needs elements {start}..{start + count} of a flat fp32 "
-                             f"partition of {self.numel}: the flat group is shorter than "
-                             "param_shapes need", self.path)
-        begin = 0
-        for part, end, origin in zip(self.parts, self.ends, self.origins, strict=True):
-            low, high = max(start, begin), min(start + count, end)
-            if low < high:
-                yield flat_box(part, low - begin, high - low, at + low - start, name,
-                               self.path, origin)
-            begin = end
-
-
-def _running(values: Iterator[int]) -> Iterator[int]:
-    total = 0
-    for value in values:
-        total += value
-        yield total
 
 
 class DeepSpeedReader:
@@ -321,23 +255,15 @@ class DeepSpeedReader:
         parts = [model0]
         if model0.source.refused_globals:  # lenient: name them, read nothing further
             return Checkpoint({}, merged_facts(folder, FORMAT, parts, (found.model[0],), {}))
-        states = model0.tree
-        module = _get(states, "module", found.model[0], dict)
+        module = require_dict(model0.tree, "module", found.model[0])
+        states = cast(Branch, model0.tree)  # require_dict: a dict
         if not found.optim:
-            tree, metadata, notes = self._stage0(states, module, found.model[0])
+            tree, metadata, notes = stage0_fp32(states, module, found.model[0])
             files: tuple[Path, ...] = (found.model[0],)
         else:
             optim0 = self.load_file(found.optim[0], options)
-            osd = _get(optim0.tree, "optimizer_state_dict", found.optim[0], dict)
-            count = osd.get("partition_count")
-            ints = isinstance(count, list) and count and all(type(c) is int for c in count)
-            world = max(count) if ints else count
-            if type(world) is not int or world < 1:
-                raise InputError("partition_count is not a world size", found.optim[0])
-            dp = states.get("dp_world_size")
-            if type(dp) is int and dp != world:
-                raise LayoutError(f"the model states say {dp} data-parallel ranks, the "
-                                  f"optimizer states {world}", folder)
+            osd = require_dict(optim0.tree, "optimizer_state_dict", found.optim[0])
+            count, world = _world(osd, states, found.optim[0], folder)
             optim_files = found.ranks(found.optim, world, problems)
             optims = [optim0] + [self.load_file(p, options) for p in optim_files[1:]]
             stage = osd.get("zero_stage", 1)  # BF16_Optimizer writes none: ZeRO-1's layout
@@ -352,77 +278,59 @@ class DeepSpeedReader:
                 return Checkpoint({}, merged_facts(folder, FORMAT, parts, files, {}))
             _one_run([m.tree for m in models], model_files, _RUN_FACTS, folder)
             _one_run([p.tree for p in parts], list(files), _FILE_FACTS, folder)
-            for other, path in zip(optims, optim_files, strict=True):
-                theirs = _get(other.tree, "optimizer_state_dict", path, dict)
-                if theirs.get("partition_count") != count or theirs.get(
-                        "zero_stage", 1) != stage:
-                    raise LayoutError(f"{path.name} says {theirs.get('partition_count')!r} "
-                                      f"ranks at stage {theirs.get('zero_stage', 1)!r}, rank 0 "
-                                      f"says {count!r} at stage {stage!r}: rank files of "
-                                      "different runs", folder)
-            tree, notes = _zero(stage, world, [m.tree for m in models],
-                                [o.tree["optimizer_state_dict"] for o in optims],
-                                model_files, optim_files)
+            osds = [_partitioned_alike(other.tree, path, count, stage, folder)
+                    for other, path in zip(optims, optim_files, strict=True)]
+            tree, notes = zero_fp32(stage, world, [m.tree for m in models], osds,
+                                    model_files, optim_files)
             metadata = {"zero_stage": str(stage), "world_size": str(world),
                         "optimizer": "BF16_Optimizer" if "zero_stage" not in osd else
                         f"ZeRO stage {stage}"}
-        metadata = {"framework": "deepspeed", "tag": folder.name,
-                    "master_dtype": "float32", **metadata}
-        for key, fact in (("ds_version", "deepspeed_version"),
-                          ("pytorch-lightning_version", "lightning_version")):
-            if isinstance(states.get(key), str):
-                metadata[fact] = states[key]
-        if problems:
-            metadata[PROBLEMS] = "\n".join(problems)
+        metadata = _metadata(folder, states, metadata, problems)
         notes = (*notes, _half_copy(folder, found.model[0], metadata.get("zero_stage")))
         return Checkpoint(tree, merged_facts(folder, FORMAT, parts, files, metadata,
                                              tuple(notes)))
 
-    @staticmethod
-    def _stage0(states: dict[str, Any], module: dict[str, Any], path: Path
-                ) -> tuple[dict[str, Any], dict[str, str], tuple[str, ...]]:
-        """Stage 0: fp32 masters per parameter in the model states, matched to ``module``."""
-        optimizer = states.get("optimizer")
-        groups = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
-        buffers = _get(states, "buffer_names", path, list)
-        if not all(isinstance(name, str) for name in buffers):
-            raise InputError("buffer_names is not a list of names", path)
-        buffers = set(buffers)
-        if groups is None:
-            return rebuild_dict(module, list(module.items())), {
-                "zero_stage": "0", "master_dtype": "module"}, (
-                "no fp32 master weights saved (stage 0 without bf16): the module's own "
-                "weights",)
-        if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
-            raise InputError("optimizer.fp32_groups is not a list of parameter lists", path)
-        masters = [t for group in groups for t in group]
-        if not all(isinstance(t, TensorInfo) for t in masters):
-            raise InputError("optimizer.fp32_groups holds something other than tensors", path)
-        tree: dict[str, Any] = OrderedDict()
-        seen: dict[Any, str] = {}
-        frozen: list[str] = []
-        queue = list(masters)
-        for name, leaf in module.items():
-            if name in buffers or not is_tensor(leaf):
-                tree[name] = _fp32(leaf) if name in buffers and is_tensor(leaf) else leaf
-                continue
-            tie = seen.get(view_key(leaf))
-            if tie is not None:
-                tree[name] = tree[tie]
-                continue
-            seen[view_key(leaf)] = name
-            if queue and queue[0].shape == tuple(leaf.shape) and _rounds_to(queue[0], leaf):
-                tree[name] = queue.pop(0)
-            else:
-                tree[name] = leaf
-                frozen.append(name)
-        if queue:
-            raise InputError(f"{len(queue)} fp32 masters in optimizer.fp32_groups match no "
-                             "parameter of the module (names follow the module's order)", path)
-        notes = (f"frozen parameters kept from the module copy (no fp32 master): "
-                 f"{', '.join(frozen)}",) if frozen else ()
-        return tree, {"zero_stage": "0", "world_size": str(states.get("dp_world_size", "?")),
-                      "optimizer": "bf16 (stage 0)"}, notes
+
+def _world(osd: Branch, states: Branch, path: Path, folder: Path) -> tuple[Tree, int]:
+    """Rank 0's ``partition_count`` and the data-parallel world size it gives (one count, or
+    one per param group: the largest), which the model states must agree with."""
+    count = osd.get("partition_count")
+    ints = isinstance(count, list) and count and all(type(c) is int for c in count)
+    world = max(cast("list[int]", count)) if ints else count
+    if type(world) is not int or world < 1:
+        raise InputError("partition_count is not a world size", path)
+    dp = states.get("dp_world_size")
+    if type(dp) is int and dp != world:
+        raise LayoutError(f"the model states say {dp} data-parallel ranks, the "
+                          f"optimizer states {world}", folder)
+    return count, world
+
+
+def _partitioned_alike(tree: Tree, path: Path, count: Tree, stage: int, folder: Path
+                       ) -> Branch:
+    """A rank's optimizer state dict, partitioned as rank 0 says (else another run's)."""
+    theirs = require_dict(tree, "optimizer_state_dict", path)
+    if theirs.get("partition_count") != count or theirs.get("zero_stage", 1) != stage:
+        raise LayoutError(f"{path.name} says {theirs.get('partition_count')!r} "
+                          f"ranks at stage {theirs.get('zero_stage', 1)!r}, rank 0 "
+                          f"says {count!r} at stage {stage!r}: rank files of "
+                          "different runs", folder)
+    return theirs
+
+
+def _metadata(folder: Path, states: Branch, read: dict[str, str], problems: list[str]
+              ) -> dict[str, str]:
+    """What the output records of the save: the framework, tag, how it was read, versions."""
+    metadata = {"framework": "deepspeed", "tag": folder.name, "master_dtype": "float32",
+                **read}
+    for key, fact in (("ds_version", "deepspeed_version"),
+                      ("pytorch-lightning_version", "lightning_version")):
+        value = states.get(key)
+        if isinstance(value, str):
+            metadata[fact] = value
+    if problems:
+        metadata[PROBLEMS] = "\n".join(problems)
+    return metadata
 
 
 def _half_copy(folder: Path, model0: Path, stage: str | None) -> str:
@@ -433,163 +341,3 @@ def _half_copy(folder: Path, model0: Path, stage: str | None) -> str:
     return (f"these are the fp32 master weights; the half-precision copy the engine trained "
             f"with is 'module' in {folder.name}/{model0.name}: ckptport normalize {model0} "
             "--select module DST")
-
-
-def _rounds_to(master: TensorInfo, half: Any) -> bool:
-    """Whether ``half`` is ``master`` rounded to its dtype: the engine's copy of that master."""
-    import numpy as np
-
-    if master.dtype != DTYPES["float32"] or half.dtype not in (DTYPES["bfloat16"],
-                                                              DTYPES["float16"]):
-        return True  # nothing to tell them apart by but the shape
-    step = CHUNK_BYTES // 4
-    for full, low in zip(chunks(master, step * 4), chunks(half, step * 2), strict=False):
-        bits = np.frombuffer(full, dtype="<u4")
-        if half.dtype == DTYPES["bfloat16"]:
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-        else:
-            rounded = bits.view("<f4").astype("<f2").view("<u2")
-        if not np.array_equal(rounded, np.frombuffer(low, dtype="<u2")):
-            return False
-    return True
-
-
-def _zero(stage: int, world: int, models: list[Any], optims: list[dict[str, Any]],
-          model_files: list[Path], optim_files: list[Path]
-          ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The fp32 state dict in zero_to_fp32's order: buffers, frozen, trainable, ties."""
-    path0 = model_files[0]
-    states = models[0]
-    module = _get(states, "module", path0, dict)
-    buffers = _get(states, "buffer_names", path0, list)
-    shapes = _get(states, "param_shapes", path0, list)
-    if not all(isinstance(group, dict) for group in shapes):
-        raise InputError("param_shapes is not a list of name -> shape maps", path0)
-    tree: dict[str, Any] = OrderedDict(
-        (k, _fp32(v)) for k, v in module.items() if k in buffers and is_tensor(v))
-    notes: list[str] = []
-    frozen_shapes = states.get("frozen_param_shapes")
-    trainable = {name for group in shapes for name in group}
-    shared = states.get("shared_params") or {}
-    if not isinstance(shared, dict):
-        raise InputError("shared_params is not a name -> name map", path0)
-    if frozen_shapes:
-        if not isinstance(frozen_shapes, dict):
-            raise InputError("frozen_param_shapes is not a name -> shape map", path0)
-        _frozen(tree, stage, world, frozen_shapes, models, model_files)
-    else:
-        kept = [k for k, v in module.items() if is_tensor(v) and k not in buffers
-                and k not in trainable and k not in shared]
-        for name in kept:
-            tree[name] = module[name]
-        if kept:
-            notes.append(f"frozen parameters kept from the module copy (DeepSpeed saves no "
-                         f"fp32 copy of them at stage {stage}; zero_to_fp32 drops them): "
-                         f"{', '.join(kept)}")
-    key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
-    flats = [_tensors(o.get(key), key, p) for o, p in zip(optims, optim_files, strict=True)]
-    if stage == 3:
-        _zero3(tree, world, shapes, flats, optim_files, path0)
-    else:
-        paddings = optims[0].get("param_alignment_paddings")
-        _zero12(tree, world, shapes, flats, paddings, optim_files, path0)
-    for name, target in shared.items():
-        if isinstance(target, str) and target in tree:
-            tree[name] = tree[target]
-    return tree, tuple(notes)
-
-
-def _zero12(tree: dict[str, Any], world: int, shapes: list[dict[str, Any]],
-            flats: list[list[TensorInfo]], paddings: Any, files: list[Path],
-            path0: Path) -> None:
-    """ZeRO-1/2: each group's partitions concatenated over ranks, parameters in order."""
-    if any(len(groups) != len(shapes) for groups in flats):
-        raise InputError(f"the optimizer states hold {len(flats[0])} flat groups, "
-                         f"param_shapes {len(shapes)}", files[0])
-    align = 2 * world
-    for index, group in enumerate(shapes):
-        whole = _Flat([groups[index] for groups in flats], files[0], [f.name for f in files])
-        pads = paddings[index] if isinstance(paddings, list) and index < len(paddings) else None
-        if pads is not None and (not isinstance(pads, list) or len(pads) != len(group)):
-            raise InputError(f"param_alignment_paddings of group {index} do not match its "
-                             f"{len(group)} parameters", files[0])
-        offset = 0
-        for position, (name, shape) in enumerate(group.items()):
-            dims = _shape(shape, name, path0)
-            numel = math.prod(dims)
-            tree[name] = assemble(name, files[0], DTYPES["float32"], dims,
-                                  whole.boxes(offset, numel, 0, name), frame=(numel,))
-            offset += numel
-            if pads is not None:
-                pad = pads[position]
-                if type(pad) is not int or pad < 0:
-                    raise InputError("a parameter alignment padding is not a count", files[0])
-                offset += pad
-        if -(-offset // align) * align != -(-whole.numel // align) * align:
-            raise InputError(f"param group {index}: param_shapes use {offset} elements of a "
-                             f"flat fp32 group of {whole.numel} (lying shapes or a short "
-                             "group)", files[0])
-    for flat in flats:
-        if any(t.dtype != DTYPES["float32"] for t in flat):
-            raise InputError("a flat fp32 group is not float32", files[0])
-
-
-def _zero3(tree: dict[str, Any], world: int, shapes: list[dict[str, Any]],
-           flats: list[list[TensorInfo]], files: list[Path], path0: Path) -> None:
-    """ZeRO-3: each parameter is ``ceil(n / world)`` elements of every rank's flat groups,
-    concatenated over ranks and cut to ``n``."""
-    ranks = [_Flat(groups, path) for groups, path in zip(flats, files, strict=True)]
-    if any(r.numel != ranks[0].numel for r in ranks):
-        raise LayoutError("the ranks' flat fp32 groups differ in size: rank files of "
-                          "different runs", files[0])
-    offset = 0
-    for group in shapes:
-        for name, shape in group.items():
-            dims = _shape(shape, name, path0)
-            numel = math.prod(dims)
-            part = -(-numel // world)
-            boxes: list[Box] = []
-            for rank, flat in enumerate(ranks):
-                take = max(0, min(part, numel - rank * part))
-                boxes += flat.boxes(offset, take, rank * part, name)
-            tree[name] = assemble(name, files[0], DTYPES["float32"], dims, boxes,
-                                  frame=(numel,))
-            offset += part
-    if offset != ranks[0].numel:
-        raise InputError(f"param_shapes use {offset} elements of each rank's flat fp32 "
-                         f"groups of {ranks[0].numel} (lying shapes or a short group)",
-                         files[0])
-
-
-def _frozen(tree: dict[str, Any], stage: int, world: int, shapes: dict[str, Any],
-            models: list[Any], files: list[Path]) -> None:
-    """Frozen parameters: whole in rank 0's model states (ZeRO-2), or one fragment per
-    rank's model states, concatenated and cut (ZeRO-3)."""
-    fragments = [m.get("frozen_param_fragments") if isinstance(m, dict) else None
-                 for m in models]
-    for name, shape in shapes.items():
-        dims = _shape(shape, name, files[0])
-        numel = math.prod(dims)
-        if stage < 3:
-            leaf = fragments[0].get(name) if isinstance(fragments[0], dict) else None
-            if not isinstance(leaf, TensorInfo) or leaf.numel() != numel:
-                raise InputError(f"frozen parameter {name!r} is missing from "
-                                 "frozen_param_fragments or has the wrong size", files[0])
-            tree[name] = leaf
-            continue
-        boxes: list[Box] = []
-        at = 0
-        dtypes = set()
-        for frags, path in zip(fragments, files, strict=True):
-            piece = frags.get(name) if isinstance(frags, dict) else None
-            if not isinstance(piece, TensorInfo):
-                raise InputError(f"frozen parameter {name!r} has no fragment", path)
-            dtypes.add(piece.dtype)
-            take = max(0, min(piece.numel(), numel - at))
-            if take:
-                boxes.append(flat_box(piece, 0, take, at, name, path, path.name))
-            at += take
-        if len(dtypes) != 1:
-            raise LayoutError(f"the ranks' fragments of frozen parameter {name!r} differ in "
-                              "dtype: rank files of different runs", files[0])
-        tree[name] = assemble(name, files[0], dtypes.pop(), dims, boxes, frame=(numel,))
