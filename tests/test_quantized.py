@@ -421,11 +421,11 @@ def test_compressed_tensors_scales_are_never_cast(folder, run, tmp_path):
 
 
 def test_a_scheme_ckptport_does_not_know_is_not_cast_either(tmp_path, run):
-    """ModelOpt's NVFP4 layout (weight_scale_2): no dequantizer here, and no silent cast."""
-    path = tmp_path / "modelopt.safetensors"
-    save_file({"m.weight": torch.zeros(4, 8, dtype=torch.uint8),
-               "m.weight_scale": torch.ones(4, 1).to(torch.float8_e4m3fn),
-               "m.weight_scale_2": torch.ones(()), "m.input_scale": torch.ones(()),
+    """HQQ's layout (W_q codes beside scale and zero): no dequantizer here, and no silent
+    cast."""
+    path = tmp_path / "hqq.safetensors"
+    save_file({"m.W_q": torch.zeros(4, 8, dtype=torch.uint8),
+               "m.scale": torch.ones(4, 1).half(), "m.zero": torch.ones(4, 1).half(),
                "norm.weight": torch.ones(4)}, path)
     result = run("normalize", path, tmp_path / "out.safetensors", "--dtype", "bfloat16")
     assert result.exit_code == 2
@@ -434,6 +434,118 @@ def test_a_scheme_ckptport_does_not_know_is_not_cast_either(tmp_path, run):
     assert refused.exit_code == 2 and "does not dequantize" in refused.stderr
     kept = run("normalize", path, tmp_path / "kept.safetensors")
     assert kept.exit_code == 0
+
+
+# -- ModelOpt NVFP4: a folder ModelOpt itself exported; compressed-tensors' converter and
+# NVFP4 decompressor are the oracle --------------------------------------------------------
+
+MODELOPT = QUANTIZED_FIXTURES / "modelopt-nvfp4"
+
+
+def _modelopt_oracle(tmp_path: Path, state: dict[str, torch.Tensor], dtype: torch.dtype
+                     ) -> dict[str, torch.Tensor]:
+    """What compressed-tensors gives: ModelOptNvfp4Converter, then its dequantizer over the
+    config the converter writes (its input_global_scale is left behind: ckptport consumes
+    ModelOpt's input_scale, which a plain model has no place for)."""
+    from compressed_tensors.entrypoints.convert.converters import (
+        CompressedTensorsDequantizer,
+        ModelOptNvfp4Converter,
+    )
+
+    ignore = json.loads((MODELOPT / "hf_quant_config.json").read_text())["quantization"][
+        "exclude_modules"]
+    converter = ModelOptNvfp4Converter(targets=["Linear"], ignore=ignore)
+    folder = tmp_path / "ct-config"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(
+        {"quantization_config": converter.update_config(None).model_dump(mode="json")}))
+    made = CompressedTensorsDequantizer(folder, dtype=dtype).process(converter.process(state))
+    return {k: v for k, v in made.items() if not k.endswith(".input_global_scale")}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_modelopt_nvfp4_dequantized_as_compressed_tensors_converts_it(run, tmp_path, dtype):
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", MODELOPT / "model.safetensors", out, "--dequantize", dtype)
+    assert result.exit_code == 0, result.output
+    assert "7 modelopt-nvfp4 weights" in result.stdout
+    written = load_file(out)
+    expected = _modelopt_oracle(tmp_path, load_file(MODELOPT / "model.safetensors"),
+                                getattr(torch, dtype))
+    assert sorted(written) == sorted(expected)
+    for name, tensor in expected.items():
+        assert same_bits(written[name], tensor), name
+
+
+def test_modelopt_nvfp4_recognized_by_either_config(run, tmp_path):
+    doc = json.loads(run("inspect", MODELOPT / "model.safetensors", "--format",
+                         "json").stdout)["quantization"]
+    assert doc["schemes"] == {"modelopt-nvfp4": 7}
+    weight = doc["weights"][0]
+    assert weight["params"]["group_size"] == 16
+    assert weight["tensors"]["weight_scale_2"].endswith(".weight_scale_2")
+    assert "CKP016" not in _codes_of(run, MODELOPT / "model.safetensors")
+    cast = run("normalize", MODELOPT / "model.safetensors", tmp_path / "cast.safetensors",
+               "--dtype", "float32")
+    assert cast.exit_code == 2 and "modelopt-nvfp4" in cast.stderr
+    assert "--dequantize" in cast.stderr
+    # an older export: hf_quant_config.json alone says NVFP4, and it is held to the tensors
+    folder = tmp_path / "older"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((MODELOPT / "model.safetensors").read_bytes())
+    config = json.loads((MODELOPT / "config.json").read_text())
+    del config["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    hf_quant = json.loads((MODELOPT / "hf_quant_config.json").read_text())
+    hf_quant["quantization"]["group_size"] = 32
+    (folder / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", folder / "model.safetensors", out, "--dequantize")
+    assert result.exit_code == 2 and "group_size 32" in result.stderr
+    assert "older/model.safetensors" in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("change", "key", "why"), [
+    ("no_scale_2", "m.weight", "without m.weight_scale_2"),
+    ("scale_2_bf16", "m.weight_scale_2", "expected one float32"),
+    ("scale_shape", "m.weight_scale", "expected float8_e4m3fn [4, 2]"),
+    ("pre_quant_scale", "m.pre_quant_scale", "NVFP4_AWQ"),
+    ("orphan_scale_2", "m.weight_scale_2", "without its m.weight"),
+    ("odd_codes", "m.weight", "expected 2-D torch.uint8"),
+    ("config", "m", "quant_algo 'FP8'"),
+])
+def test_modelopt_nvfp4_that_cannot_be_dequantized_is_refused(tmp_path, run, change, key, why):
+    g = torch.Generator().manual_seed(7)
+    state = {"m.weight": torch.randint(0, 256, (4, 16), dtype=torch.uint8, generator=g),
+             "m.weight_scale": (torch.rand(4, 2, generator=g) + 0.5).to(torch.float8_e4m3fn),
+             "m.weight_scale_2": torch.tensor(0.01), "m.input_scale": torch.tensor(0.1),
+             "norm.weight": torch.ones(4)}
+    if change == "no_scale_2":
+        del state["m.weight_scale_2"]
+    elif change == "scale_2_bf16":
+        state["m.weight_scale_2"] = state["m.weight_scale_2"].bfloat16()
+    elif change == "scale_shape":
+        state["m.weight_scale"] = state["m.weight_scale"][:, :1].contiguous()
+    elif change == "pre_quant_scale":
+        state["m.pre_quant_scale"] = torch.ones(32)
+    elif change == "orphan_scale_2":
+        del state["m.weight"], state["m.weight_scale"]
+    elif change == "odd_codes":
+        state["m.weight"] = state["m.weight"].to(torch.int16)
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    save_file(state, folder / "model.safetensors")
+    if change == "config":
+        (folder / "config.json").write_text(json.dumps({"quantization_config": {
+            "quant_method": "modelopt", "quant_algo": "FP8"}}))
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", folder / "model.safetensors", out, "--dequantize")
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "bad/model.safetensors" in result.stderr and why in result.stderr, result.stderr
+    assert key in result.stderr and not out.exists()
+    assert any(h.startswith(f"{key}: ") and why in h
+               for h in _codes_of(run, folder / "model.safetensors").get("CKP016", []))
 
 
 # -- check: CKP016 --------------------------------------------------------------------------

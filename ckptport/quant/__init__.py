@@ -160,27 +160,38 @@ def packed_linears(tensors: Mapping[str, Any], config: Mapping[str, Any] | None,
 
 
 def config_of(path: Path | None) -> Mapping[str, Any] | None:
-    """``quantization_config`` of the ``config.json`` beside (or inside) a local checkpoint.
+    """The quantization config of the model folder beside (or holding) a local checkpoint.
 
-    A remote source's config is not fetched (a request the transfer report would not
+    ``config.json``'s ``quantization_config``; where it has none, ModelOpt's
+    ``hf_quant_config.json`` (its ``quantization`` entry, marked ``quant_method:
+    modelopt``, as ModelOpt's newer exports write into ``config.json`` themselves). A
+    remote source's config is not fetched (a request the transfer report would not
     count, for a claim the tensors must make anyway): its tensors alone decide."""
     if path is None or is_remote(path):
         return None
     folder = path if path.is_dir() else path.parent
-    config = folder / "config.json"
+    found = _json_entry(folder / "config.json", "quantization_config")
+    if found is None:
+        modelopt = _json_entry(folder / "hf_quant_config.json", "quantization")
+        found = None if modelopt is None else {**modelopt, "quant_method": "modelopt"}
+    return found
+
+
+def _json_entry(path: Path, key: str) -> dict[str, Any] | None:
+    """``key`` of the JSON object in ``path``, when both are there (else the tensors decide)."""
     try:
-        if not config.is_file() or config.stat().st_size > _MAX_CONFIG:
+        if not path.is_file() or path.stat().st_size > _MAX_CONFIG:
             return None
-        doc = json.loads(config.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None  # not a model's config: the tensors alone decide
-    found = doc.get("quantization_config") if isinstance(doc, dict) else None
+    found = doc.get(key) if isinstance(doc, dict) else None
     return found if isinstance(found, dict) else None
 
 
 def _load_schemes() -> None:
     """The scheme modules, each registering itself: a new scheme is one module and one line."""
-    from . import awq, bnb, compressed, fp8_block, gptq, mxfp4  # noqa: F401
+    from . import awq, bnb, compressed, fp8_block, gptq, modelopt, mxfp4  # noqa: F401
 
 
 _load_schemes()

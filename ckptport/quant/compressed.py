@@ -74,7 +74,8 @@ class CompressedTensors:
         scale = part("weight_scale")
         extra = tuple(f"{module}.{n}" for n in ACTIVATION_QPARAMS if part(n) is not None)
         roles: tuple[str, ...]
-        if part("weight_scale_2") is not None:  # ModelOpt's NVFP4: not this scheme
+        if part("weight_scale_2") is not None or part("weight") is not None and \
+                dtype_of(part("weight")).name == "uint8":  # ModelOpt's NVFP4 (modelopt.py)
             return None
         if part("weight_packed") is not None and part("weight_global_scale") is not None:
             made = _nvfp4(module, part("weight_packed"), scale)
@@ -108,11 +109,8 @@ class CompressedTensors:
         params = weight.params
         scale = named["weight_scale"]
         if params["format"] == "nvfp4-pack-quantized":
-            values = _unpack_fp4(named["weight_packed"])
-            scale = scale.to(torch.bfloat16).unsqueeze(-1) / named["weight_global_scale"]
-            grouped = values.unflatten(-1, (values.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
-            made = (grouped.to(scale.dtype) * scale).flatten(-2).to(torch.bfloat16)
-            return made.to(dtype)
+            return nvfp4_dequantized(named["weight_packed"], scale,
+                                     named["weight_global_scale"]).to(dtype)
         if params["format"] == "mxfp4-pack-quantized":
             values = _unpack_fp4(named["weight_packed"])
             scale = (2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)).to(torch.bfloat16)
@@ -130,6 +128,19 @@ class CompressedTensors:
             if params["format"] == "mxfp8-quantized":  # E8M0 exponents, as bfloat16 scales
                 scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
         return _affine(codes, scale, zero, params).to(dtype)
+
+
+def nvfp4_dequantized(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor
+                      ) -> torch.Tensor:
+    """NVFP4 as compressed-tensors' ``NVFP4PackedCompressor.decompress`` computes it, in
+    bfloat16: each E2M1 value times its group's FP8 scale divided by the global scale (the
+    division's dtype is torch's promotion of the two, as the global scale is stored)."""
+    import torch
+
+    values = _unpack_fp4(packed)
+    grid = scale.to(torch.bfloat16).unsqueeze(-1) / global_scale
+    grouped = values.unflatten(-1, (values.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
+    return (grouped.to(grid.dtype) * grid).flatten(-2).to(torch.bfloat16)
 
 
 def _affine(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,

@@ -104,7 +104,7 @@ _QPARAM_WORDS = ("scale", "zero_point", "absmax", "SCB", "qzeros", "quant_state"
 def unrecognized_parts(tensors: Mapping[str, DType]) -> dict[str, str]:
     """The tensors that look like parts of a quantized weight no scheme claimed, each with
     why: its module holds both quantization parameters (a scale, zero points) and
-    low-precision codes (FP8 or integers), as ModelOpt's NVFP4 and every scheme's parts do.
+    low-precision codes (FP8 or integers), as HQQ's layout and every scheme's parts do.
     One pass over the names, grouped by module."""
     modules: dict[str, list[str]] = {}
     with_codes: dict[str, str] = {}  # module -> its first low-precision tensor
