@@ -267,7 +267,7 @@ class GridFile(SourceFile):
 
                 data = bytearray(self.read(0, self.size))
                 self._mapped = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() \
-                    if data else torch.UntypedStorage(0)
+                    if data else torch.UntypedStorage(0)  # type: ignore[no-untyped-call]
             return self._mapped
 
     def close(self) -> None:

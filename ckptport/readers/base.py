@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ReadOptions", "Layout", "Source", "Reader", "LayoutReader", "Names", "refusal",
            "pickle_facts", "NotDescribable"]
+
+_T = TypeVar("_T")
 
 # a folder's entries by name: files as named, folders with a trailing "/"; None where a
 # file was named (a layout named by one file, a shard index, needs no listing)
@@ -93,13 +95,13 @@ class Source:
     file: SourceFile | None = None
     index: ShardIndex | None = None
     layout: Layout | None = field(default=None, compare=False, repr=False)
-    parses: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    parses: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
-    def parsed(self, what: str, parse: Callable[[], Any]) -> Any:
+    def parsed(self, what: str, parse: Callable[[], _T]) -> _T:
         """The container parsed once (``zip``, ``header``), shared by every reader that asks."""
         if what not in self.parses:
             self.parses[what] = parse()
-        return self.parses[what]
+        return cast("_T", self.parses[what])  # what parse made: one parse per name
 
 
 class NotDescribable(Exception):

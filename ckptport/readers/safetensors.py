@@ -38,8 +38,9 @@ SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 def header_of(source: Source) -> Header:
-    assert source.file is not None
-    return source.parsed("header", lambda: parse_header(source.file))  # type: ignore[arg-type]
+    file = source.file
+    assert file is not None
+    return source.parsed("header", lambda: parse_header(file))
 
 
 def tensors_of(file: SourceFile, header: Header) -> dict[str, TensorInfo]:

@@ -36,8 +36,9 @@ TORCHSCRIPT_REFUSAL = ("a TorchScript archive (torch.jit.save): loading one runs
 
 
 def archive(source: Source) -> ZipArchive:
-    assert source.file is not None
-    return source.parsed("zip", lambda: parse_zip(source.file))  # type: ignore[arg-type]
+    file = source.file
+    assert file is not None
+    return source.parsed("zip", lambda: parse_zip(file))
 
 
 def _kind(records: Mapping[str, object], path: Path) -> str:

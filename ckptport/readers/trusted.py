@@ -13,7 +13,6 @@ import io
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, iter_tensors, shared_storages
 from ..errors import InputError
@@ -52,7 +51,7 @@ def load_trusted(source: Source, fmt: Format) -> Checkpoint:
 
     locations: Counter[str] = Counter()
 
-    def to_cpu(storage: Any, location: Any) -> Any:
+    def to_cpu(storage: torch.types.Storage, location: str) -> torch.types.Storage:
         locations[str(location)] += 1
         return storage
 
@@ -78,7 +77,7 @@ def load_torchscript(source: Source, recorded: dict[str, int]) -> Checkpoint:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's own deprecation notice
-            module = torch.jit.load(  # --trust: user vouched
+            module = torch.jit.load(  # type: ignore[no-untyped-call]  # --trust: user vouched
                 str(opened) if isinstance(opened, Path) else opened, map_location="cpu")
     except Exception as exc:  # torch reports broken archives with many exception types
         raise InputError(f"cannot load the TorchScript archive: {cause(exc)}", path) from exc
