@@ -93,6 +93,10 @@ def test_select_and_ignore(fx, run):
     assert result.exit_code == 0
     bad = run("check", fx["ddp_cuda3"], "--codes", "CKP999")
     assert bad.exit_code == 2 and "unknown check code CKP999" in bad.stderr
+    for code, option in (("CKP010", "--against-manifest FILE"),
+                         ("CKP015", "--verify-signature FILE")):  # nothing to compare with
+        bad = run("check", fx["ddp_cuda3"], "--codes", code)
+        assert bad.exit_code == 2 and f"{code} compares with what {option} names" in bad.stderr
 
 
 def test_finite(fx, run):

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import CkptportError, SelectionError, StateDictMismatchError
 from ..quant import QuantError, config_of, recognize
@@ -47,11 +47,12 @@ def with_keys(options: NormalizeOptions | None, *, subtree: str | None = None,
               map: Recipe | str | os.PathLike[str] | None = None) -> NormalizeOptions | None:  # noqa: A002
     """``options`` with the key-surgery keywords of the Python API added (``map``: a recipe
     file, as ``--map``)."""
-    given: dict[str, Any] = {
-        name: value for name, value in (("subtree", subtree), ("keep", tuple(keep)),
-                                        ("drop", tuple(drop)), ("rename", tuple(rename)),
-                                        ("recipe", map)) if value}
-    return replace(options or NormalizeOptions(), **given) if given else options
+    if not (subtree or keep or drop or rename or map):
+        return options
+    base = options or NormalizeOptions()
+    return replace(base, subtree=subtree or base.subtree, keep=tuple(keep) or base.keep,
+                   drop=tuple(drop) or base.drop, rename=tuple(rename) or base.rename,
+                   recipe=map or base.recipe)
 
 
 def load_state_dict(
@@ -234,13 +235,16 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
     return LoadResult((*missing, *left), unexpected, mismatched, loaded)
 
 
-def _refuse_quantized_casts(state: Mapping[str, Any], model_state: Mapping[str, Any],
-                            dtype: torch.dtype | None, where: str) -> None:
+def _refuse_quantized_casts(state: Mapping[str, torch.Tensor],
+                            model_state: Mapping[str, object], dtype: torch.dtype | None,
+                            where: str) -> None:
     """A quantized part loaded into a model tensor of another dtype would be cast as numbers
     (``copy_`` and ``to`` do it silently): refused, naming ``dequantize=``."""
+    import torch
+
     for name, weight in recognize(state, config_of(Path(where)), where).owner.items():
         target = model_state.get(name)
-        if target is None:
+        if not isinstance(target, torch.Tensor):  # not in the model, or its extra state
             continue
         kind = dtype if dtype is not None and target.is_floating_point() else target.dtype
         if kind != state[name].dtype:
@@ -267,7 +271,7 @@ def _placed(value: torch.Tensor, target: torch.Tensor, device: str | torch.devic
     return moved.to(kind) if moved.dtype != kind else moved
 
 
-def _retie(model: torch.nn.Module, before: Mapping[str, Any]) -> None:
+def _retie(model: torch.nn.Module, before: Mapping[str, object]) -> None:
     """Names that were one Parameter before an assigning load are one again after it
     (``assign=True`` wraps each name's tensor in its own Parameter)."""
     first: dict[int, str] = {}
@@ -288,29 +292,34 @@ def _left_on_meta(model: torch.nn.Module, missing: tuple[str, ...]) -> tuple[str
     return tuple(name for name, tensor in named if tensor.is_meta and name not in listed)
 
 
-def _fill_ties(model_state: Mapping[str, Any], loaded: dict[str, Any]) -> None:
+def _fill_ties(model_state: Mapping[str, object], loaded: dict[str, torch.Tensor]) -> None:
     """Fill model keys the model ties to a key the checkpoint holds (``lm_head`` = embedding).
 
     Files saved the hub's way leave tied names out; the model itself says
     which of its tensors are one, and loading one fills the other. A tensor
     on meta has no storage to compare, so there the Parameter object tells.
     """
+    import torch
+
+    tensors = {key: t for key, t in model_state.items()  # not the modules' extra state
+               if isinstance(t, torch.Tensor) and t.numel()}
     owner: dict[int, str] = {}
-    for key, tensor in model_state.items():
-        if key in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
+    for key, tensor in tensors.items():
+        if key in loaded:
             owner.setdefault(_identity(tensor), key)
-    for key, tensor in model_state.items():
-        if key not in loaded and hasattr(tensor, "data_ptr") and tensor.numel():
+    for key, tensor in tensors.items():
+        if key not in loaded:
             source = owner.get(_identity(tensor))
-            if source is not None and tuple(model_state[source].shape) == tuple(tensor.shape):
+            if source is not None and tuple(tensors[source].shape) == tuple(tensor.shape):
                 loaded[key] = loaded[source]
 
 
-def _identity(tensor: Any) -> int:
+def _identity(tensor: torch.Tensor) -> int:
     return id(tensor) if tensor.is_meta else int(tensor.data_ptr())
 
 
-def _versions_for(model: torch.nn.Module, versions: Mapping[str, Any]) -> OrderedDict[str, Any]:
+def _versions_for(model: torch.nn.Module, versions: Mapping[str, object]
+                  ) -> OrderedDict[str, object]:
     """Module versions under the model's own (possibly wrapped) module names."""
     names = {name: name for name, _ in model.named_modules()}
     by_stripped = {strip_key(f"{n}.").removesuffix(".") if n else "": n for n in names}

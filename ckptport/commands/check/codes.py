@@ -8,7 +8,7 @@ matters and how to fix it (the README's table is made from it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...analysis.survey import InspectReport
 from ...checkpoint import Checkpoint, Format
@@ -17,6 +17,9 @@ from ...tensors import human_bytes
 from ...unpickle import allowed_names
 from ...unpickle.names import unresolved_package
 from .file import CheckCode, CheckSettings, FileUnderCheck, Hit, Severity
+
+if TYPE_CHECKING:
+    from ...analysis.manifests import Manifest, ManifestComparison
 
 __all__ = ["CODES", "ALWAYS", "chosen_codes", "dangerous_message", "spelled_as"]
 
@@ -126,25 +129,26 @@ def _against_reference(file: FileUnderCheck) -> Iterable[Hit]:
 
 
 def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
-    if not file.values_readable:
-        return ()
-    from ...analysis.manifests import against_manifest
-
-    return _listed_hits(against_manifest(file.checkpoint, file.settings.manifest,
-                                         progress=file.settings.progress), "the manifest")
+    assert file.settings.manifest is not None  # chosen only with one (``check``)
+    return _against_listed(file, file.settings.manifest, "the manifest")
 
 
 def _against_signature(file: FileUnderCheck) -> Iterable[Hit]:
+    assert file.settings.attestation is not None  # chosen only with one (``check``)
+    return _against_listed(file, file.settings.attestation.manifest, "the signed attestation")
+
+
+def _against_listed(file: FileUnderCheck, expected: Manifest, what: str) -> Iterable[Hit]:
+    """The file's tensors against those ``expected`` lists (``what`` names the list)."""
     if not file.values_readable:
         return ()
     from ...analysis.manifests import against_manifest
 
-    return _listed_hits(against_manifest(file.checkpoint, file.settings.attestation.manifest,
-                                         progress=file.settings.progress),
-                        "the signed attestation")
+    return _listed_hits(against_manifest(file.checkpoint, expected,
+                                         progress=file.settings.progress), what)
 
 
-def _listed_hits(found: Any, what: str) -> list[Hit]:
+def _listed_hits(found: ManifestComparison, what: str) -> list[Hit]:
     """A ``ManifestComparison`` as findings: each tensor missing, unexpected or changed."""
     hits = [(name, f"missing ({what} lists it)") for name in found.missing]
     hits += [(name, f"unexpected ({what} does not list it)") for name in found.unexpected]
@@ -227,13 +231,13 @@ CODES = {rule.code: rule for rule in (
               "tensors or values that differ from --against REF beyond --atol/--rtol",
               "the exported artifact is not the model that was validated",
               "export again from the reference, or compare with ckptport diff",
-              _against_reference, lambda settings: settings.reference is not None),
+              _against_reference, lambda settings: "reference" in settings.asked),
     CheckCode("CKP010", "disagrees-with-manifest", Severity.ERROR,
               "tensors missing, unexpected, or with another dtype, shape or content than "
               "--against-manifest FILE records",
               "the artifact does not hold the weights that were released",
               "export again, or regenerate the manifest with ckptport manifest",
-              _against_manifest, lambda settings: settings.manifest is not None),
+              _against_manifest, lambda settings: "manifest" in settings.asked),
     CheckCode("CKP011", "code-archive", Severity.ERROR,
               "a TorchScript or torch.package archive: loading it runs code it carries",
               "torch.jit.load and PackageImporter execute the archive's code",
@@ -269,7 +273,7 @@ CODES = {rule.code: rule for rule in (
               "--public-key or --certificate-chain; a bad one is exit 2)",
               "the artifact does not hold the weights that were signed, in any container",
               "ship the signed weights (ckptport normalize keeps them), or sign the new ones",
-              _against_signature, lambda settings: settings.attestation is not None),
+              _against_signature, lambda settings: "attestation" in settings.asked),
     CheckCode("CKP016", "quantization", Severity.ERROR,
               "a quantized checkpoint that cannot be dequantized correctly: a scale without "
               "its weight or an FP8 weight without its scale, scales that do not tile the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...analysis.survey import InspectReport
 from ...checkpoint import Checkpoint
@@ -13,6 +13,10 @@ from ...compare import Tolerance
 from ...progress import Progress, no_progress
 from ...rules import NormalizeOptions
 from ...tree import TextEnum
+
+if TYPE_CHECKING:
+    from ...analysis.manifests import Manifest
+    from ...signing import Attestation
 
 __all__ = ["FINITE_SCOPES", "Severity", "CheckSettings", "FileUnderCheck", "Hit", "CheckCode"]
 
@@ -32,15 +36,17 @@ class CheckSettings:
 
     formats: tuple[str, ...] = ()  # --require-format
     finite: str | None = None  # "weights" or "all" (--finite)
-    reference: Checkpoint | None = None  # --against
-    manifest: Any = None  # --against-manifest, loaded
+    reference: Checkpoint | None = None  # --against, read
+    manifest: Manifest | None = None  # --against-manifest, loaded
     options: NormalizeOptions = field(default_factory=NormalizeOptions)
     tolerance: Tolerance = field(default_factory=Tolerance)  # --atol/--rtol for --against
     progress: Progress = no_progress  # reading tensor bytes (--finite, --against)
     max_expansion: float = 2.0  # readers.budget's ratio
     tag: str | None = None  # a DeepSpeed save folder's tag (None: follow ``latest``)
-    attestation: Any = None  # --verify-signature: the signed weights attestation, verified
-
+    attestation: Attestation | None = None  # --verify-signature: the signed weights, verified
+    # of reference, manifest and attestation, those asked for: each is read only once the
+    # codes are chosen, and only when a chosen code compares with it
+    asked: frozenset[str] = frozenset()
 
 @dataclass(frozen=True)
 class FileUnderCheck:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...analysis.survey import survey
 from ...compare import Tolerance
@@ -25,6 +25,10 @@ from ...rules import NormalizeOptions, check_selection
 from .codes import CODES, chosen_codes, dangerous_message, spelled_as
 from .file import FINITE_SCOPES, CheckSettings, FileUnderCheck, Hit, Severity
 
+if TYPE_CHECKING:
+    from ...remote import RemotePath
+    from ...signing import TrustedKeys
+
 __all__ = ["Finding", "FileResult", "Skipped", "CheckReport", "check"]
 
 
@@ -32,14 +36,14 @@ __all__ = ["Finding", "FileResult", "Skipped", "CheckReport", "check"]
 class Finding:
     code: str
     severity: Severity
-    path: Path
+    path: Path | RemotePath  # the file, or the member file of a layout it concerns
     key: str | None
     message: str
 
 
 @dataclass(frozen=True)
 class FileResult:
-    path: Path
+    path: Path | RemotePath
     findings: tuple[Finding, ...]
     unreadable: bool = False
 
@@ -83,7 +87,7 @@ def check(
     max_expansion: float | None = None,
     tag: str | None = None,
     verify_signature: str | os.PathLike[str] | None = None,
-    trusted: Any = None,
+    trusted: TrustedKeys | None = None,
     progress: Progress = no_progress,
 ) -> CheckReport:
     """Run the codes on every file (folders searched for every file a loader could open).
@@ -122,13 +126,18 @@ def check(
                           f"{finite!r}")
     from ...readers.budget import ratio_of
 
-    settings = CheckSettings(tuple(require_format), finite, None, None,
-                             options or NormalizeOptions(), Tolerance(atol, rtol), progress,
-                             ratio_of(max_expansion), tag)
-    wanted = replace(settings, reference=_PLANNED if against is not None else None,
-                     manifest=_PLANNED if against_manifest is not None else None,
-                     attestation=_PLANNED if verify_signature is not None else None)
-    chosen = chosen_codes(codes, ignore, wanted)
+    asked = {name for name, given in (("reference", against), ("manifest", against_manifest),
+                                      ("attestation", verify_signature)) if given is not None}
+    settings = CheckSettings(formats=tuple(require_format), finite=finite,
+                             options=options or NormalizeOptions(),
+                             tolerance=Tolerance(atol, rtol), progress=progress,
+                             max_expansion=ratio_of(max_expansion), tag=tag,
+                             asked=frozenset(asked))
+    chosen = chosen_codes(codes, ignore, settings)
+    for code, given, option in (("CKP010", against_manifest, "--against-manifest FILE"),
+                                ("CKP015", verify_signature, "--verify-signature FILE")):
+        if code in chosen and given is None:
+            raise OptionError(f"{code} compares with what {option} names: pass it too")
     found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     tag_somewhere([*found, against], tag)
     if against is not None and "CKP009" in chosen:
@@ -150,15 +159,13 @@ def check(
     return CheckReport(files, chosen, tuple(skipped))
 
 
-_PLANNED: Any = object()  # stands for a reference or manifest not read yet
-
-
-def _expand(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Any], list[Skipped]]:
+def _expand(paths: Iterable[str | os.PathLike[str]]
+            ) -> tuple[list[Path | RemotePath | _NoCheckpoint], list[Skipped]]:
     """Every checkpoint to check, and every other file of the folders given."""
     from ...readers.discover import discover
     from ...remote import location
 
-    found: list[Any] = []  # Path, or RemotePath
+    found: list[Path | RemotePath | _NoCheckpoint] = []
     skipped: list[Skipped] = []
     for raw in paths:
         path = location(raw)  # a URL stays whole (never a folder to search)
@@ -184,8 +191,8 @@ class _NoCheckpoint:
     files: int
 
 
-def _check_file(path: Path | _NoCheckpoint, codes: tuple[str, ...], settings: CheckSettings
-                ) -> FileResult:
+def _check_file(path: Path | RemotePath | _NoCheckpoint, codes: tuple[str, ...],
+                settings: CheckSettings) -> FileResult:
     if isinstance(path, _NoCheckpoint):
         held = f"none of its {path.files} files is one" if path.files else "it is empty"
         return _unreadable(path.path, InputError(
@@ -205,13 +212,13 @@ def _check_file(path: Path | _NoCheckpoint, codes: tuple[str, ...], settings: Ch
     return FileResult(path, tuple(findings))
 
 
-def _finding(code: str, hit: Hit, path: Path) -> Finding:
+def _finding(code: str, hit: Hit, path: Path | RemotePath) -> Finding:
     """A code's hit as a finding: on the member file it names, else on the checked path."""
     return Finding(code, CODES[code].severity, hit[2] if len(hit) == 3 else path, hit[0],
                    hit[1])
 
 
-def _unreadable(path: Path, exc: CkptportError, codes: tuple[str, ...]) -> FileResult:
+def _unreadable(path: Path | RemotePath, exc: CkptportError, codes: tuple[str, ...]) -> FileResult:
     """A file that cannot be read; the code-running globals met first are still named."""
     message = " ".join(exc.message.split())
     code = "CKP011" if isinstance(exc, CodeArchiveError) else "CKP008"
