@@ -19,16 +19,20 @@ payload), ``-0.0`` equals ``0.0``; an element differs when
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from .dtypes import DType, dtype_of
 from .errors import OptionError
 from .parallel import run_all
 from .progress import Advance
-from .tensors import chunks, nbytes, view_key
-from .tree import KeyPath, format_path, is_tensor, iter_tensors
+from .tensors import ViewKey, chunks, nbytes, view_key
+from .tree import KeyPath, TensorLeaf, Tree, format_path, is_tensor, iter_tensors
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["tree_mismatches", "tie_groups", "same_bytes", "leaf_equal", "Tolerance",
            "TensorDelta", "compare_tensor", "CHUNK_ELEMENTS"]
@@ -36,7 +40,8 @@ __all__ = ["tree_mismatches", "tie_groups", "same_bytes", "leaf_equal", "Toleran
 CHUNK_ELEMENTS = 1 << 20
 """Elements compared by value at once: float64 temporaries of 8 MiB each."""
 
-Pieces = Callable[[Any], Iterable[bytes | memoryview]]
+Pieces = Callable[[TensorLeaf], Iterable[bytes | memoryview]]
+Scalar = float | str  # an element as ``TensorDelta`` shows it (an int, a float; complex as text)
 
 
 def same_bytes(a: Iterable[bytes | memoryview], b: Iterable[bytes | memoryview]) -> bool:
@@ -67,7 +72,7 @@ def _pieces(stream: Iterable[bytes | memoryview]) -> Iterator[memoryview]:
             yield view
 
 
-def tree_mismatches(expected: Any, actual: Any, limit: int = 5,
+def tree_mismatches(expected: Tree, actual: Tree, limit: int = 5,
                     on_tensor: Callable[[int], None] | None = None,
                     expected_pieces: Pieces = chunks, jobs: int | None = None,
                     ties: bool = True) -> list[str]:
@@ -79,11 +84,11 @@ def tree_mismatches(expected: Any, actual: Any, limit: int = 5,
     stores every name on its own (DCP).
     """
     found: list[str] = []
-    pairs: list[tuple[str, Any, Any]] = []
+    pairs: list[tuple[str, TensorLeaf, TensorLeaf]] = []
     _walk(expected, actual, (), found, limit, pairs)
     advance = on_tensor or (lambda n: None)
 
-    def compare(pair: tuple[str, Any, Any]) -> str | None:
+    def compare(pair: tuple[str, TensorLeaf, TensorLeaf]) -> str | None:
         where, a, b = pair
         if not same_bytes(expected_pieces(a), chunks(b)):
             return f"{where}: tensor bytes differ"
@@ -96,8 +101,8 @@ def tree_mismatches(expected: Any, actual: Any, limit: int = 5,
     return found[:limit]
 
 
-def _walk(a: Any, b: Any, path: KeyPath, found: list[str], limit: int,
-          pairs: list[tuple[str, Any, Any]]) -> None:
+def _walk(a: Tree, b: Tree, path: KeyPath, found: list[str], limit: int,
+          pairs: list[tuple[str, TensorLeaf, TensorLeaf]]) -> None:
     """Structure, dtypes, shapes and plain values now; tensor pairs collected for later."""
     if len(found) >= limit:
         return
@@ -105,11 +110,13 @@ def _walk(a: Any, b: Any, path: KeyPath, found: list[str], limit: int,
     if is_tensor(a) or is_tensor(b):
         if not (is_tensor(a) and is_tensor(b)):
             found.append(f"{where}: tensor vs {type(b if is_tensor(a) else a).__name__}")
-        elif dtype_of(a) != dtype_of(b) or tuple(a.shape) != tuple(b.shape):
-            found.append(f"{where}: dtype or shape differ ({dtype_of(a)}{list(a.shape)} vs "
-                         f"{dtype_of(b)}{list(b.shape)})")
+            return
+        x, y = cast("TensorLeaf", a), cast("TensorLeaf", b)  # is_tensor: both
+        if dtype_of(x) != dtype_of(y) or tuple(x.shape) != tuple(y.shape):
+            found.append(f"{where}: dtype or shape differ ({dtype_of(x)}{list(x.shape)} vs "
+                         f"{dtype_of(y)}{list(y.shape)})")
         else:
-            pairs.append((where, a, b))
+            pairs.append((where, x, y))
     elif isinstance(a, Mapping) and isinstance(b, Mapping):
         if list(a) != list(b):
             found.append(f"{where}: keys differ")
@@ -117,16 +124,17 @@ def _walk(a: Any, b: Any, path: KeyPath, found: list[str], limit: int,
         for key in a:
             _walk(a[key], b[key], (*path, key), found, limit, pairs)
     elif type(a) in (list, tuple) and type(a) is type(b):
-        if len(a) != len(b):
-            found.append(f"{where}: length {len(a)} vs {len(b)}")
+        left, right = cast("Sequence[Tree]", a), cast("Sequence[Tree]", b)  # lists or tuples
+        if len(left) != len(right):
+            found.append(f"{where}: length {len(left)} vs {len(right)}")
             return
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            _walk(x, y, (*path, index), found, limit, pairs)
+        for index, (item_a, item_b) in enumerate(zip(left, right, strict=True)):
+            _walk(item_a, item_b, (*path, index), found, limit, pairs)
     elif not leaf_equal(a, b, bits=True):
         found.append(f"{where}: {a!r} vs {b!r}"[:300])
 
 
-def leaf_equal(a: Any, b: Any, *, bits: bool = False) -> bool:
+def leaf_equal(a: Tree, b: Tree, *, bits: bool = False) -> bool:
     """Plain values by type and value, NaN equal to NaN (complex parts too).
 
     ``bits``: the sign of zero counts too (verification: ``-0.0`` written as
@@ -135,18 +143,18 @@ def leaf_equal(a: Any, b: Any, *, bits: bool = False) -> bool:
     """
     if type(a) is not type(b):
         return False
-    if isinstance(a, complex):
+    if isinstance(a, complex) and isinstance(b, complex):  # one type, as just checked
         return leaf_equal(a.real, b.real, bits=bits) and leaf_equal(a.imag, b.imag, bits=bits)
-    if isinstance(a, float):
+    if isinstance(a, float) and isinstance(b, float):
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
         return a == b and (not bits or math.copysign(1, a) == math.copysign(1, b))
     return bool(a == b)
 
 
-def tie_groups(tree: Any) -> list[list[str]]:
+def tie_groups(tree: Tree) -> list[list[str]]:
     """Paths grouped by the exact view they hold, groups of two or more only."""
-    groups: dict[Any, list[str]] = {}
+    groups: dict[ViewKey, list[str]] = {}
     for path, tensor in iter_tensors(tree):
         groups.setdefault(view_key(tensor), []).append(format_path(path))
     return sorted(g for g in groups.values() if len(g) > 1)
@@ -191,8 +199,8 @@ class TensorDelta:
     max_abs: float
     max_rel: float
     index: tuple[int, ...]
-    a: Any
-    b: Any
+    a: Scalar
+    b: Scalar
 
 
 @dataclass
@@ -203,8 +211,8 @@ class _Worst:
     max_abs: float = 0.0
     max_rel: float = 0.0
     flat_index: int = 0
-    a: Any = None
-    b: Any = None
+    a: Scalar | None = None
+    b: Scalar | None = None
 
 
 def _windows(pieces: Iterable[bytes | memoryview], size: int) -> Iterator[bytes | memoryview]:
@@ -222,7 +230,7 @@ def _windows(pieces: Iterable[bytes | memoryview], size: int) -> Iterator[bytes 
         yield bytes(held)
 
 
-def compare_tensor(key: str, a: Any, b: Any, tolerance: Tolerance,
+def compare_tensor(key: str, a: TensorLeaf, b: TensorLeaf, tolerance: Tolerance,
                    advance: Advance) -> TensorDelta | None:
     """Stats of ``a`` vs ``b`` (same shape), or None when every value is equal."""
     type_a, type_b = dtype_of(a), dtype_of(b)
@@ -240,12 +248,14 @@ def compare_tensor(key: str, a: Any, b: Any, tolerance: Tolerance,
         advance(len(window_a))
     if worst.max_abs == 0 and not worst.differing:
         return None
+    assert worst.a is not None and worst.b is not None  # set with the first differing window
     index = _unravel(worst.flat_index, tuple(a.shape))
     return TensorDelta(key, tuple(a.shape), type_a.name, type_b.name, math.prod(a.shape),
                        worst.differing, worst.max_abs, worst.max_rel, index, worst.a, worst.b)
 
 
-def _values(window: bytes | memoryview, dtype: DType) -> Any:
+def _values(window: bytes | memoryview, dtype: DType
+            ) -> npt.NDArray[np.int64 | np.float64 | np.complex128]:
     """A window's values at a precision that holds them exactly (float64, complex128, int64)."""
     import numpy as np
 
@@ -301,8 +311,8 @@ def _compare_window(a: bytes | memoryview, b: bytes | memoryview, type_a: DType,
     worst.max_rel = max(worst.max_rel, float(relative.max()))
 
 
-def _item(value: Any) -> Any:
-    item = value.item()
+def _item(value: np.generic) -> Scalar:
+    item: Scalar | complex = value.item()
     return str(item) if isinstance(item, complex) else item
 
 

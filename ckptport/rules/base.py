@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..checkpoint import Checkpoint
 
@@ -33,7 +33,7 @@ class RuleResult:
     rule: str
     changes: tuple[Change, ...] = ()
     summary: str = ""
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:

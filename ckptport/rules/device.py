@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..tensors import Pending, StorageInfo, TensorInfo, location
-from ..tree import is_tensor, map_tree
+from ..tree import KeyPath, Tree, is_tensor, map_tree
 from .base import Change, RuleResult
 
 __all__ = ["MapToCPU"]
@@ -28,7 +27,7 @@ class MapToCPU:
         moved: Counter[str] = Counter()
         storages: dict[int, StorageInfo] = {}
 
-        def to_cpu(path: tuple[Any, ...], value: Any) -> Any:
+        def to_cpu(path: KeyPath, value: Tree) -> Tree:
             if not is_tensor(value) or location(value) == "cpu":
                 return value
             if isinstance(value, Pending):  # a lazy view read from the file: its source

@@ -44,13 +44,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..errors import RuleError
 from ..tree import (
     KEY_PREFIX,
     KeyPath,
+    StateDict,
+    Tree,
     format_path,
     rebuild_dict,
     replace_state_dicts,
@@ -90,7 +91,7 @@ def _top_prefixes(keys: Sequence[str], limit: int = 8) -> str:
 
 
 def _apply(checkpoint: Checkpoint, rule: str, key_map: KeyMap, module_map: KeyMap,
-           summary: Callable[[int, int], str], details: Mapping[str, Any] | None = None
+           summary: Callable[[int, int], str], details: Mapping[str, object] | None = None
            ) -> tuple[Checkpoint, RuleResult]:
     """Map every state dict's keys with ``key_map`` (``None`` drops); collisions are errors.
 
@@ -99,7 +100,7 @@ def _apply(checkpoint: Checkpoint, rule: str, key_map: KeyMap, module_map: KeyMa
     """
     changes: list[Change] = []
 
-    def edit(path: KeyPath, state: Mapping[str, Any]) -> Any:
+    def edit(path: KeyPath, state: StateDict) -> Tree:
         origin: dict[str, str] = {}
         items = []
         where = f" under {format_path(path)}" if path else ""
@@ -127,7 +128,7 @@ def _apply(checkpoint: Checkpoint, rule: str, key_map: KeyMap, module_map: KeyMa
         rule, tuple(changes), summary(renamed, len(changes) - renamed), dict(details or {}))
 
 
-def _versions(versions: Mapping[str, Any], module_map: KeyMap) -> Any:
+def _versions(versions: Mapping[str, Tree], module_map: KeyMap) -> dict[str, Tree]:
     """Module paths mapped like keys; dropped modules leave; the innermost module wins."""
     renamed = []
     for module in sorted(versions, key=len):
@@ -288,8 +289,8 @@ class Step:
     kind: str
     args: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        value: Any = self.args[0] if self.kind == "subtree" else list(self.args)
+    def to_json(self) -> dict[str, object]:
+        value: str | list[str] = self.args[0] if self.kind == "subtree" else list(self.args)
         return {self.kind: value}
 
 
@@ -301,7 +302,7 @@ class Recipe:
     sha256: str
     steps: tuple[Step, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"path": self.path, "sha256": self.sha256,
                 "steps": [step.to_json() for step in self.steps]}
 
@@ -357,7 +358,7 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def _parse(text: str, target: Path) -> Any:
+def _parse(text: str, target: Path) -> object:
     if target.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:
             return json.loads(text)
@@ -375,14 +376,14 @@ def _parse(text: str, target: Path) -> Any:
         raise RuleError(f"--map: not valid TOML: {exc}", target) from None
 
 
-def _steps(doc: Any, target: Path) -> tuple[Step, ...]:
+def _steps(doc: object, target: Path) -> tuple[Step, ...]:
     if not isinstance(doc, dict) or set(doc) != {"steps"} or not isinstance(doc["steps"], list):
         raise RuleError("--map: a recipe holds one list, steps = [...] (each step one of "
                         f"{', '.join(STEP_KINDS)})", target)
     return tuple(_step(raw, index, target) for index, raw in enumerate(doc["steps"], start=1))
 
 
-def _step(raw: Any, index: int, target: Path) -> Step:
+def _step(raw: object, index: int, target: Path) -> Step:
     where = f"--map: step {index}"
     if not isinstance(raw, dict) or len(raw) != 1:
         raise RuleError(f"{where}: a step is a table with one key, one of "
@@ -418,10 +419,11 @@ def recipe_of(subtree: str | None, keep: Sequence[str], drop: Sequence[str],
     return tuple(steps)
 
 
-def key_rules(steps: Sequence[Step], *, require_match: bool = True) -> list[Any]:
+def key_rules(steps: Sequence[Step], *, require_match: bool = True
+              ) -> list[Subtree | KeepDrop | Rename]:
     """The rules of ``steps``; a keep step directly followed by a drop step is one rule
     (keep first, then drop, as documented)."""
-    rules: list[Any] = []
+    rules: list[Subtree | KeepDrop | Rename] = []
     for step in steps:
         if step.kind == "subtree":
             rules.append(Subtree(step.args[0]))
@@ -436,7 +438,7 @@ def key_rules(steps: Sequence[Step], *, require_match: bool = True) -> list[Any]
     return rules
 
 
-def recipe_from_json(doc: Any, where: str) -> Recipe:
+def recipe_from_json(doc: object, where: str) -> Recipe:
     """A recipe as a manifest records it (``Recipe.to_json``), checked like a file."""
     if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), str) \
             or not isinstance(doc.get("path"), str):

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 from ..errors import RuleError
-from ..tree import ObjectRecord, is_tensor, type_name
+from ..tree import ObjectRecord, Tree, is_tensor, type_name
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["is_module", "module_state_dict", "GRAPH_MODULE_CALLS"]
 
@@ -40,7 +43,7 @@ _VERSION_2 = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "L
 _HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks")
 
 
-def _state(value: Any) -> Mapping[str, Any] | None:
+def _state(value: Tree) -> Mapping[str, Tree] | None:
     """The ``__dict__`` a module record carries, or None if ``value`` is not a module."""
     if not isinstance(value, ObjectRecord):
         return None
@@ -49,16 +52,16 @@ def _state(value: Any) -> Mapping[str, Any] | None:
         state = value.args[0]
     if isinstance(state, Mapping) and all(isinstance(state.get(k), Mapping)
                                           for k in _MODULE_KEYS):
-        return state
+        return cast("Mapping[str, Tree]", state)  # a module's __dict__: attribute names
     return None
 
 
-def _is_torch_module(value: Any) -> bool:
+def _is_torch_module(value: Tree) -> TypeGuard[torch.nn.Module]:
     torch_nn = getattr(sys.modules.get("torch"), "nn", None)
     return torch_nn is not None and isinstance(value, torch_nn.Module)
 
 
-def is_module(value: Any) -> bool:
+def is_module(value: Tree) -> bool:
     """A recorded ``nn.Module`` (or, read with ``--trust``, a live one)."""
     return _state(value) is not None or _is_torch_module(value)
 
@@ -73,13 +76,13 @@ def _version(class_name: str) -> int:
     return 2 if module.startswith("torch.nn.modules.") and short in _VERSION_2 else 1
 
 
-def module_state_dict(root: Any, where: str, path: Path | None
-                      ) -> tuple[OrderedDict[str, Any], tuple[str, ...]]:
+def module_state_dict(root: Tree, where: str, path: Path | None
+                      ) -> tuple[dict[str, Tree], tuple[str, ...]]:
     """What ``root.state_dict()`` returns, and notes for the report."""
     if _is_torch_module(root):  # read with --trust: the user vouched for running its code
         return root.state_dict(), ()
-    result: OrderedDict[str, Any] = OrderedDict()
-    metadata: OrderedDict[str, Any] = OrderedDict()
+    result: OrderedDict[str, Tree] = OrderedDict()
+    metadata: OrderedDict[str, dict[str, int]] = OrderedDict()
     classes: list[str] = []
 
     def walk(record: ObjectRecord, prefix: str) -> None:
@@ -95,23 +98,25 @@ def module_state_dict(root: Any, where: str, path: Path | None
                                 path)
         metadata[prefix[:-1]] = {"version": _version(_class(record))}
         classes.append(_class(record))
-        skipped = state.get("_non_persistent_buffers_set") or ()
-        for kind in ("_parameters", "_buffers"):
-            for key, value in state[kind].items():
+        # a set of buffer names, as nn.Module keeps it
+        skipped = cast("Collection[str]", state.get("_non_persistent_buffers_set") or ())
+        for kind in ("_parameters", "_buffers"):  # Mappings, as _state checked
+            for key, value in cast("Mapping[str, Tree]", state[kind]).items():
                 if value is None or (kind == "_buffers" and key in skipped):
                     continue
                 if not is_tensor(value):
                     raise RuleError(f"module {name} ({_class(record)}): {key} is "
                                     f"{type_name(value)}, not a tensor", path)
                 result[prefix + key] = value
-        for key, child in state["_modules"].items():
+        for key, child in cast("Mapping[str, Tree]", state["_modules"]).items():
             if child is None:
                 continue
-            if _state(child) is None:
+            if not isinstance(child, ObjectRecord) or _state(child) is None:
                 raise RuleError(f"module {name} ({_class(record)}): submodule {key} is "
                                 f"{type_name(child)}, not a recorded module", path)
             walk(child, f"{prefix}{key}.")
 
+    assert isinstance(root, ObjectRecord)  # is_module(root), and not a live one: a record
     walk(root, "")
     result._metadata = metadata  # type: ignore[attr-defined]
     counts: dict[str, int] = {}

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DType
@@ -41,15 +41,23 @@ from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
 from ..tree import (
     Backref,
     GlobalRef,
+    Key,
     KeyPath,
     ObjectRecord,
     RecordKind,
+    TensorLeaf,
+    Tree,
     format_path,
     is_tensor,
     rebuild_dict,
     type_name,
 )
 from .base import Change, RuleResult
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
 
 __all__ = ["ConvertObjects", "record_dict", "PLAIN_SCALARS"]
 
@@ -72,22 +80,21 @@ class _Converter:
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
         self.changes: list[Change] = []
-        self.done: dict[int, Any] = {}  # one object under two names stays one value (ties)
+        self.done: dict[int, TensorLeaf] = {}  # one object under two names stays one value (ties)
 
-    def convert(self, value: Any, path: KeyPath) -> Any:
+    def convert(self, value: Tree, path: KeyPath) -> Tree:
         kind = type(value)
         if kind in PLAIN_SCALARS:
             return value
-        if kind is list:
-            return [self.convert(v, (*path, i)) for i, v in enumerate(value)]
-        if kind is tuple:
-            return tuple(self.convert(v, (*path, i)) for i, v in enumerate(value))
+        if kind is list or kind is tuple:  # the casts say what ``kind`` proved (as children)
+            made = [self.convert(v, (*path, i)) for i, v in enumerate(cast("list[Tree]", value))]
+            return made if kind is list else tuple(made)
         if kind is dict or kind is OrderedDict:
-            return self.mapping(value, path)
+            return self.mapping(cast("dict[Key, Tree]", value), path)
         if kind is set:
-            return {self.convert(v, (*path, "<item>")) for v in value}
+            return {self.convert(v, (*path, "<item>")) for v in cast("set[Tree]", value)}
         if is_tensor(value):
-            return self.tensor(value, path)
+            return self.tensor(value, path)  # type: ignore[arg-type]  # is_tensor: a TensorLeaf
         plain, note = self.plain(value, path)
         before = type_name(value)
         after = type_name(plain)
@@ -95,7 +102,7 @@ class _Converter:
                                    f"{before} -> {after}{note}"))
         return self.convert(plain, path)
 
-    def mapping(self, value: Any, path: KeyPath) -> Any:
+    def mapping(self, value: dict[Key, Tree], path: KeyPath) -> dict[Key, Tree]:
         items = []
         for key, item in value.items():
             if type(key) not in PLAIN_SCALARS and type(key) is not tuple:  # a Size, a DType
@@ -107,7 +114,7 @@ class _Converter:
             rebuilt._metadata = self.convert(versions, (*path, "_metadata"))  # type: ignore[attr-defined]
         return rebuilt
 
-    def tensor(self, value: Any, path: KeyPath) -> Any:
+    def tensor(self, value: TensorLeaf, path: KeyPath) -> TensorLeaf:
         if id(value) in self.done:
             return self.done[id(value)]
         result = value
@@ -115,7 +122,7 @@ class _Converter:
             result = replace(value, parameter=False, requires_grad=False)
         elif not isinstance(value, TensorInfo) and getattr(value, "requires_grad", False) or \
                 type(value).__name__ == "Parameter":
-            result = value.detach().requires_grad_(False)
+            result = cast("torch.Tensor", value).detach().requires_grad_(False)  # not a Leaf
         if result is not value:
             kind = "torch.nn.parameter.Parameter" if getattr(value, "parameter", True) \
                 else "tensor (requires_grad)"
@@ -123,7 +130,7 @@ class _Converter:
         self.done[id(value)] = result
         return result
 
-    def plain(self, value: Any, path: KeyPath) -> tuple[Any, str]:
+    def plain(self, value: Tree, path: KeyPath) -> tuple[Tree, str]:
         """One step toward plain data, and a note when the step loses something."""
         for test, convert in _CONVERSIONS:
             if test(value):
@@ -150,11 +157,11 @@ def _a(name: str) -> str:
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-def _is_numpy(value: Any) -> bool:
+def _is_numpy(value: Tree) -> bool:
     return type(value).__module__.split(".")[0] == "numpy"
 
 
-def _numpy(value: Any) -> tuple[Any, str]:
+def _numpy(value: Tree) -> tuple[Tree, str]:
     import numpy as np
 
     if isinstance(value, np.generic):
@@ -172,7 +179,7 @@ def _numpy(value: Any) -> tuple[Any, str]:
     raise TypeError(type(value))
 
 
-def _array(array: Any) -> tuple[Any, str]:
+def _array(array: npt.NDArray[np.generic]) -> tuple[Tree, str]:
     """A numpy array as a tensor over its bytes, or a list where torch has no such dtype."""
     import numpy as np
 
@@ -185,9 +192,10 @@ def _array(array: Any) -> tuple[Any, str]:
     if match is None and not array.size:
         _bounded_empty(array.shape)
     if match is None:
-        if array.dtype.kind in "Mm":
-            return np.datetime_as_string(array).tolist() if array.dtype.kind == "M" else \
-                [str(v) for v in array.ravel()], ""
+        if array.dtype.kind == "M":  # datetime64: ISO text, as numpy writes it
+            return np.datetime_as_string(cast("npt.NDArray[np.datetime64]", array)).tolist(), ""
+        if array.dtype.kind == "m":
+            return [str(v) for v in array.ravel()], ""
         if array.dtype.kind == "g" or array.dtype.kind == "f":
             return _array(array.astype(np.float64))[0], " (rounded to float64)"
         return array.tolist(), ""
@@ -216,10 +224,10 @@ def _bounded_empty(shape: tuple[int, ...]) -> None:
                              f"{MAX_EMPTY_ROWS} empty lists (it holds no values)")
 
 
-def _torch_value(value: Any) -> tuple[Any, str]:
+def _torch_value(value: Tree) -> tuple[Tree, str]:
     name = type(value).__name__
     if name == "Size":
-        return tuple(value), ""
+        return tuple(cast("tuple[int, ...]", value)), ""
     if name == "device":
         return str(value), ""
     if name == "dtype":
@@ -227,12 +235,13 @@ def _torch_value(value: Any) -> tuple[Any, str]:
     raise TypeError(type(value))
 
 
-def _is_torch_value(value: Any) -> bool:
+def _is_torch_value(value: Tree) -> bool:
     return type(value).__module__ == "torch" and type(value).__name__ in ("Size", "device",
                                                                            "dtype")
 
 
-_CONVERSIONS: list[tuple[Callable[[Any], bool], Callable[[Any], tuple[Any, str]]]] = [
+# Any: each conversion receives the value its test proved the type of (a slice, a date, ...)
+_CONVERSIONS: list[tuple[Callable[[Tree], bool], Callable[[Any], tuple[Tree, str]]]] = [
     (lambda v: type(v).__qualname__ == "Size" and isinstance(v, tuple),
      lambda v: (tuple(v), "")),
     (lambda v: type(v).__qualname__ == "device" and hasattr(v, "type"), lambda v: (str(v), "")),
@@ -259,13 +268,14 @@ _CONVERSIONS: list[tuple[Callable[[Any], bool], Callable[[Any], tuple[Any, str]]
 ]
 
 
-def _record_value(record: ObjectRecord) -> Any:
+def _record_value(record: ObjectRecord) -> str | None:
     """Standard-library values a record can be read as, exactly, without running anything."""
     args = record.args
     try:
         if record.name in ("datetime.datetime", "datetime.date", "datetime.time") and \
                 1 <= len(args) <= 2 and isinstance(args[0], bytes):
-            kind = getattr(datetime, record.name.rpartition(".")[2])
+            kind: Callable[..., datetime.date | datetime.time] = getattr(
+                datetime, record.name.rpartition(".")[2])
             if len(args) == 1:
                 return kind(args[0]).isoformat()  # the pickle form: bytes C checks
             zone = _timezone(args[1])
@@ -291,7 +301,7 @@ _NOT_CONFIG = object()
 _CONFIGS = ("omegaconf.dictconfig.DictConfig", "omegaconf.listconfig.ListConfig")
 
 
-def _omegaconf(record: ObjectRecord) -> Any:
+def _omegaconf(record: ObjectRecord) -> Tree:
     """An omegaconf config as its plain content, the way ``OmegaConf.to_container`` gives it.
 
     A ``DictConfig``/``ListConfig`` pickles its ``_content``: value nodes
@@ -310,7 +320,7 @@ def _omegaconf(record: ObjectRecord) -> Any:
     return _NOT_CONFIG
 
 
-def _config_value(node: Any) -> Any:
+def _config_value(node: Tree) -> Tree:
     if isinstance(node, ObjectRecord):
         config = _omegaconf(node)
         if config is not _NOT_CONFIG:
@@ -321,14 +331,14 @@ def _config_value(node: Any) -> Any:
     return node
 
 
-def _timedelta(record: Any) -> datetime.timedelta | None:
+def _timedelta(record: Tree) -> datetime.timedelta | None:
     if isinstance(record, ObjectRecord) and record.name == "datetime.timedelta" and \
             len(record.args) <= 3 and all(type(a) is int for a in record.args):
         return datetime.timedelta(*cast("tuple[int, ...]", record.args))
     return None
 
 
-def _timezone(record: Any) -> datetime.timezone | None:
+def _timezone(record: Tree) -> datetime.timezone | None:
     """A ``datetime.timezone`` record (offset, optional name) as the real, immutable value."""
     if not (isinstance(record, ObjectRecord) and record.name == "datetime.timezone"
             and 1 <= len(record.args) <= 2):
@@ -340,14 +350,14 @@ def _timezone(record: Any) -> datetime.timezone | None:
     return datetime.timezone(offset, *cast("tuple[str, ...]", name))
 
 
-def record_dict(record: ObjectRecord) -> dict[str, Any]:
+def record_dict(record: ObjectRecord) -> dict[str, Tree]:
     """An object record as a plain dict: its class, then the data it was pickled with.
 
     A dict state (the usual ``__dict__``) is spread into the dict; other
     parts keep dunder keys so nothing from the file is lost or confused
     with an attribute.
     """
-    out: dict[str, Any] = {"__class__": record.name}
+    out: dict[str, Tree] = {"__class__": record.name}
     if record.kind is RecordKind.CALL:
         out = {"__call__": record.name}
     parts = {"__args__": list(record.args), "__kwargs__": record.kwargs,

@@ -29,8 +29,9 @@ repeat which characters may follow it:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 if sys.version_info >= (3, 11):
     from re import _constants as _c  # type: ignore[attr-defined]
@@ -52,6 +53,10 @@ _REPEATS = tuple(getattr(_c, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POS
                  if hasattr(_c, name))
 _GROUPS = tuple(getattr(_c, name) for name in ("SUBPATTERN", "ATOMIC_GROUP") if hasattr(_c, name))
 _STARTS = ((_c.AT, _c.AT_BEGINNING), (_c.AT, _c.AT_BEGINNING_STRING))
+# Any: the argument of a node of ``re``'s parser (untyped); its shape is the opcode's: a
+# repeat's (low, high, body), a group's nodes, a literal's code point, a set's items
+_Arg: TypeAlias = Any
+_Node = tuple[object, _Arg]  # (opcode, argument), as ``re``'s parser gives it
 
 
 @dataclass(frozen=True)
@@ -84,14 +89,14 @@ class _Walk:
     def __init__(self) -> None:
         self.competing = 0  # unbounded repeats that compete with what follows them
 
-    def sequence(self, nodes: list[Any], follow: frozenset[str], in_repeat: bool) -> None:
+    def sequence(self, nodes: list[_Node], follow: frozenset[str], in_repeat: bool) -> None:
         """Check ``nodes`` right to left, ``follow`` being what may come after them."""
         for i in range(len(nodes) - 1, -1, -1):
             rest, rest_nullable = _first(nodes[i + 1:])
             after = rest | follow if rest_nullable else rest
             self.node(nodes[i], after, in_repeat)
 
-    def node(self, node: tuple[Any, Any], follow: frozenset[str], in_repeat: bool) -> None:
+    def node(self, node: _Node, follow: frozenset[str], in_repeat: bool) -> None:
         op, av = node
         if op in _REPEATS:
             low, high, body = av
@@ -134,7 +139,7 @@ class _Walk:
         return None
 
 
-def _first(nodes: list[Any]) -> tuple[frozenset[str], bool]:
+def _first(nodes: list[_Node]) -> tuple[frozenset[str], bool]:
     """The characters a match of ``nodes`` may begin with, and whether it may be empty."""
     found: frozenset[str] = _NONE
     for op, av in nodes:
@@ -145,7 +150,7 @@ def _first(nodes: list[Any]) -> tuple[frozenset[str], bool]:
     return found, True
 
 
-def _first_of(op: Any, av: Any) -> tuple[frozenset[str], bool]:
+def _first_of(op: object, av: _Arg) -> tuple[frozenset[str], bool]:
     if op in _REPEATS:
         first, nullable = _first(list(av[2]))
         return first, nullable or av[0] == 0
@@ -164,7 +169,7 @@ def _first_of(op: Any, av: Any) -> tuple[frozenset[str], bool]:
     return _atom(op, av), False
 
 
-def _chars(nodes: list[Any]) -> frozenset[str]:
+def _chars(nodes: list[_Node]) -> frozenset[str]:
     """Every character a match of ``nodes`` may consume."""
     found: frozenset[str] = _NONE
     for op, av in nodes:
@@ -183,7 +188,7 @@ def _chars(nodes: list[Any]) -> frozenset[str]:
     return found
 
 
-def _body(op: Any, av: Any) -> list[Any]:
+def _body(op: object, av: _Arg) -> list[_Node]:
     """A group's nodes (``(group, add, del, nodes)`` for a capture, ``nodes`` atomic)."""
     return list(av[-1]) if op == _c.SUBPATTERN else list(av)
 
@@ -195,7 +200,7 @@ def _folded(chars: frozenset[str]) -> frozenset[str]:
                      or c.upper() in chars or c.swapcase() in chars)
 
 
-_CATEGORIES = {
+_CATEGORIES: dict[str, Callable[[str], bool]] = {
     "CATEGORY_DIGIT": str.isdecimal, "CATEGORY_SPACE": str.isspace,
     "CATEGORY_WORD": lambda c: c.isalnum() or c == "_",
     "CATEGORY_LINEBREAK": lambda c: c == "\n",
@@ -211,7 +216,7 @@ def _category(name: str) -> frozenset[str]:
     return _SAMPLES - chosen if negate else chosen
 
 
-def _atom(op: Any, av: Any) -> frozenset[str]:
+def _atom(op: object, av: _Arg) -> frozenset[str]:
     """The characters one single-character node matches (over ``_SAMPLES``, both cases)."""
     if op == _c.LITERAL:
         return _folded(frozenset([chr(av)]))

@@ -19,11 +19,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..errors import RuleError
-from ..tree import KeyPath, format_path, rebuild_dict, replace_state_dicts, state_dicts
+from ..tree import (
+    KeyPath,
+    StateDict,
+    Tree,
+    format_path,
+    rebuild_dict,
+    replace_state_dicts,
+    state_dicts,
+)
 from .base import Change, RuleResult
 
 __all__ = ["StripPrefixes", "strip_key", "WRAPPER_NAMES", "DATA_PARALLEL_PREFIX",
@@ -120,8 +127,8 @@ class StripPrefixes:
             resolved.append(prefix)
         return tuple(resolved)
 
-    def _strip(self, checkpoint: Checkpoint, state: Mapping[str, Any], path: KeyPath,
-               changes: list[Change], extra: tuple[str, ...]) -> Any:
+    def _strip(self, checkpoint: Checkpoint, state: StateDict, path: KeyPath,
+               changes: list[Change], extra: tuple[str, ...]) -> Tree:
         origin: dict[str, str] = {}
         items = []
         for key, value in state.items():
@@ -143,7 +150,8 @@ class StripPrefixes:
             stripped._metadata = self._versions(versions, extra)  # type: ignore[attr-defined]
         return stripped
 
-    def _versions(self, versions: Mapping[str, Any], extra: tuple[str, ...]) -> Any:
+    def _versions(self, versions: Mapping[str, Tree], extra: tuple[str, ...]
+                  ) -> dict[str, Tree]:
         """Rename ``_metadata`` module paths the same way; the innermost module wins."""
         renamed = []
         for module in sorted(versions, key=len):

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import cast
 
 from ..checkpoint import Checkpoint
 from ..errors import SelectionError
 from ..tensors import human_bytes, nbytes
 from ..tree import (
+    Key,
     KeyPath,
     ObjectRecord,
+    StateDict,
+    Tree,
     children,
     format_path,
     is_state_dict,
@@ -50,18 +54,19 @@ OPTIMIZER_KEYS = frozenset({"optimizer", "optimizers", "optimizer_states", "opti
 TRAINING_STATE_KEYS = OPTIMIZER_KEYS | {"dataloader", "train_state"}
 
 
-def _flattened(tree: Mapping[Any, Any]) -> _Pick | None:
+def _flattened(tree: Mapping[Key, Tree]) -> _Pick | None:
     """A model flattened into the root beside its trainer's state (torchtitan): the root's
     tensors, when everything else is under a training-state name."""
     apart = tuple(k for k, v in tree.items() if not is_tensor(v))
     if len(apart) == len(tree) or not all(isinstance(k, str) for k in tree) or not all(
             k in TRAINING_STATE_KEYS for k in apart):
         return None
-    return _Pick((), f"the model flattened into the root (torchtitan); {', '.join(apart)} "
-                 "left out (training state)", apart=apart)
+    names = tuple(str(k) for k in apart)  # keys of TRAINING_STATE_KEYS: strings already
+    return _Pick((), f"the model flattened into the root (torchtitan); {', '.join(names)} "
+                 "left out (training state)", apart=names)
 
 
-def _bytes(value: Mapping[str, Any]) -> int:
+def _bytes(value: StateDict) -> int:
     return sum(nbytes(v) for v in value.values() if is_tensor(v))
 
 
@@ -90,9 +95,10 @@ class Select:
         pick = self._auto(tree, checkpoint) if self.select == "auto" else \
             _Pick(_walk(tree, self.select, checkpoint), "named by --select")
         picked = _get(tree, pick.path)
-        if pick.apart:
-            picked = rebuild_dict(picked, [(k, v) for k, v in picked.items()
-                                           if k not in pick.apart])
+        if pick.apart:  # a root ``_flattened`` found to be a dict
+            root = cast("Mapping[Key, Tree]", picked)
+            picked = rebuild_dict(root, [(k, v) for k, v in root.items()
+                                         if k not in pick.apart])
         notes: tuple[str, ...] = ()
         if is_module(picked):
             picked, notes = module_state_dict(picked, format_path(pick.path),
@@ -102,7 +108,7 @@ class Select:
         return checkpoint.with_tree(picked), self._result(_Pick(pick.path, reason, pick.module),
                                                           tree, notes)
 
-    def _auto(self, tree: Any, checkpoint: Checkpoint) -> _Pick:
+    def _auto(self, tree: Tree, checkpoint: Checkpoint) -> _Pick:
         if self.ema != "off":
             found = _ema(tree)
             if found is not None:
@@ -140,7 +146,7 @@ class Select:
                              f"weights: {listing}{' …' if len(candidates) > 8 else ''}; name "
                              "one with --select KEY (or --select all)", checkpoint.source.path)
 
-    def _result(self, pick: _Pick, tree: Any, notes: tuple[str, ...]) -> RuleResult:
+    def _result(self, pick: _Pick, tree: Tree, notes: tuple[str, ...]) -> RuleResult:
         others = [str(k) for k, _ in (children(tree) or ()) if not pick.path or k != pick.path[0]]
         picked = format_path(pick.path)
         summary = f"picked {picked}"
@@ -157,12 +163,12 @@ class Select:
             "module": pick.module, "notes": list(notes)})
 
 
-def is_optimizer_state(value: Any) -> bool:
+def is_optimizer_state(value: Tree) -> bool:
     """An optimizer's ``state_dict()``: its tensors are moments and steps, never weights."""
     return isinstance(value, Mapping) and "state" in value and "param_groups" in value
 
 
-def _one_rank(tree: Any, path: Any) -> None:
+def _one_rank(tree: Tree, path: Path | None) -> None:
     """A state dict of one rank's shards (FSDP, DTensor) is not the model: say what is."""
     from ..readers.ranks import one_rank
 
@@ -175,23 +181,23 @@ def _one_rank(tree: Any, path: Any) -> None:
                              "(model_rank0.pt, model_rank1.pt, ...) as one checkpoint", path)
 
 
-def _candidates(tree: Any) -> list[tuple[KeyPath, Any]]:
+def _candidates(tree: Tree) -> list[tuple[KeyPath, StateDict]]:
     """Every dict of tensors in the tree, outside optimizer (and scheduler) state."""
-    found: list[tuple[KeyPath, Any]] = []
-    stack: list[tuple[KeyPath, Any]] = [((), tree)]
+    found: list[tuple[KeyPath, StateDict]] = []
+    stack: list[tuple[KeyPath, Tree]] = [((), tree)]
     while stack:
         path, node = stack.pop()
         if is_optimizer_state(node) or (path and str(path[-1]).lower() in OPTIMIZER_KEYS):
             continue
         if is_state_dict(node):
-            found.append((path, node))
+            found.append((path, cast("StateDict", node)))
             continue
         below = children(node) if not is_tensor(node) else None
         stack.extend(((*path, key), child) for key, child in reversed(below or ()))
     return found
 
 
-def _ema(tree: Any) -> _Pick | None:
+def _ema(tree: Tree) -> _Pick | None:
     if not isinstance(tree, Mapping):
         return None
     for name in TIMM_EMA_NAMES:
@@ -203,7 +209,7 @@ def _ema(tree: Any) -> _Pick | None:
     return None
 
 
-def _ema_note(tree: Mapping[str, Any], name: str) -> str:
+def _ema_note(tree: Mapping[Key, Tree], name: str) -> str:
     if name == "state_dict" and MMENGINE_EMA_ORIGINALS in tree:
         return ("; mmengine convention: these are the EMA weights, the originals are in "
                 "ema_state_dict")
@@ -212,7 +218,7 @@ def _ema_note(tree: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _whole_model(tree: Any) -> _Pick | None:
+def _whole_model(tree: Tree) -> _Pick | None:
     """A model pickled whole: the root, or the first known name holding one."""
     if is_module(tree):
         return _Pick((), "the file is a whole pickled model")
@@ -229,7 +235,7 @@ def _whole_model(tree: Any) -> _Pick | None:
     return None
 
 
-def _hints(tree: Any, picked: Any, suggest: bool) -> str:
+def _hints(tree: Tree, picked: Tree, suggest: bool) -> str:
     """What the report should add: the trainer that wrote the file, the usual next step."""
     if not isinstance(tree, Mapping):
         return ""
@@ -237,26 +243,27 @@ def _hints(tree: Any, picked: Any, suggest: bool) -> str:
     if version is None:
         return ""
     hint = f"; a Lightning checkpoint (version {version})"
-    if suggest and is_state_dict(picked) and all(k.startswith(LIGHTNING_PREFIX) for k in picked):
+    if suggest and is_state_dict(picked) and all(
+            k.startswith(LIGHTNING_PREFIX) for k in cast("StateDict", picked)):
         hint += (f"; every key starts with {LIGHTNING_PREFIX!r} (the LightningModule's "
                  f"attribute): add --strip-prefix {LIGHTNING_PREFIX} (or --strip-prefix auto) to "
                  "load into the bare model")
     return hint
 
 
-def _a(value: Any) -> str:
+def _a(value: Tree) -> str:
     name = type_name(value)
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-def _listing(node: Any) -> str:
+def _listing(node: Tree) -> str:
     entries = children(node)
     if entries is None:
         return _a(node)
     return ", ".join(str(k) for k, _ in entries) or "nothing"
 
 
-def _walk(tree: Any, spec: str, checkpoint: Checkpoint) -> KeyPath:
+def _walk(tree: Tree, spec: str, checkpoint: Checkpoint) -> KeyPath:
     """Resolve ``a.b.0`` against the tree: dict keys (which may hold dots), list
     indexes, and the parts of recorded objects as ``inspect`` shows them."""
     path: KeyPath = ()
@@ -271,8 +278,8 @@ def _walk(tree: Any, spec: str, checkpoint: Checkpoint) -> KeyPath:
             break
         key = keys[part]
         path = (*path, key)
-        node = dict(entries)[key] if isinstance(node, (Mapping, ObjectRecord)) or not \
-            isinstance(key, int) else node[key]
+        node = node[key] if isinstance(node, (list, tuple)) and isinstance(key, int) \
+            else dict(entries)[key]
         rest = rest[len(part) + 1:]
     else:
         return path
@@ -281,7 +288,7 @@ def _walk(tree: Any, spec: str, checkpoint: Checkpoint) -> KeyPath:
                          checkpoint.source.path)
 
 
-def _get(tree: Any, path: KeyPath) -> Any:
+def _get(tree: Tree, path: KeyPath) -> Tree:
     for key in path:
         if isinstance(tree, ObjectRecord) or not isinstance(tree, (Mapping, list, tuple)):
             tree = dict(children(tree) or ())[key]

@@ -16,21 +16,33 @@ computed at once into real, compact torch tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DTYPES, DType, dtype_of
-from ..tensors import Pending, human_bytes, is_compact, nbytes, to_torch, view_key
-from ..tree import format_path, is_tensor, iter_tensors, map_tree
+from ..tensors import (
+    Pending,
+    TensorInfo,
+    ViewKey,
+    human_bytes,
+    is_compact,
+    nbytes,
+    to_torch,
+    view_key,
+)
+from ..tree import KeyPath, TensorLeaf, Tree, format_path, is_tensor, iter_tensors, map_tree
 from .base import Change, RuleResult
 from .quantized import refuse_cast
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CompactTensors", "CastDtype", "CAST_CHOICES"]
 
 CAST_CHOICES = ("keep", "float32", "float16", "bfloat16")
 
 
-def _pending(source: Any, target: Any, lazy: bool) -> Any:
+def _pending(source: TensorLeaf, target: DType, lazy: bool) -> TensorLeaf:
     leaf = Pending(source, target)
     return leaf if lazy else to_torch(leaf)
 
@@ -42,18 +54,19 @@ class CompactTensors:
 
     def __call__(self, checkpoint: Checkpoint) -> tuple[Checkpoint, RuleResult]:
         changes: list[Change] = []
-        done: dict[Any, Any] = {}
+        done: dict[ViewKey, Tree] = {}
 
-        def compact(path: tuple[Any, ...], value: Any) -> Any:
+        def compact(path: KeyPath, value: Tree) -> Tree:
             if not is_tensor(value) or isinstance(value, Pending):
                 return value
             key = view_key(value)
             if key in done:
                 return done[key]
-            result = value
-            if not is_compact(value):
-                result = _pending(value, dtype_of(value), self.lazy)
-                changes.append(Change(format_path(path), "compacted", _why(value)))
+            result: Tree = value
+            if not is_compact(value):  # so not a deferred leaf: a described or torch tensor
+                stored = cast("TensorInfo | torch.Tensor", value)
+                result = _pending(stored, dtype_of(stored), self.lazy)
+                changes.append(Change(format_path(path), "compacted", _why(stored)))
             done[key] = result
             return result
 
@@ -62,7 +75,7 @@ class CompactTensors:
         return checkpoint.with_tree(tree), RuleResult(self.name, tuple(changes), summary)
 
 
-def _why(tensor: Any) -> str:
+def _why(tensor: TensorInfo | torch.Tensor) -> str:
     storage = tensor.untyped_storage().nbytes()
     own = nbytes(tensor)
     if not tensor.is_contiguous():
@@ -81,13 +94,13 @@ class CastDtype:
             return checkpoint, RuleResult(self.name, summary="dtypes kept")
         target = DTYPES[self.dtype]
         changes: list[Change] = []
-        done: dict[Any, Any] = {}
+        done: dict[ViewKey, Tree] = {}
         dtypes = {format_path(path): dtype_of(value)
                   for path, value in iter_tensors(checkpoint.tree)}
         refuse_cast(checkpoint, target, dtypes,
                     {name for name, dtype in dtypes.items() if _casts(dtype, target)})
 
-        def cast(path: tuple[Any, ...], value: Any) -> Any:
+        def to_dtype(path: KeyPath, value: Tree) -> Tree:
             if not is_tensor(value):
                 return value
             source = dtype_of(value)
@@ -96,12 +109,12 @@ class CastDtype:
             key = view_key(value)
             if key in done:
                 return done[key]
-            result = _pending(value, target, self.lazy)
+            result = _pending(cast("TensorLeaf", value), target, self.lazy)  # is_tensor: one
             changes.append(Change(format_path(path), "cast", f"{source} -> {target}"))
             done[key] = result
             return result
 
-        tree = map_tree(checkpoint.tree, cast)
+        tree = map_tree(checkpoint.tree, to_dtype)
         summary = f"cast {len(changes)} tensors to {self.dtype}"
         return checkpoint.with_tree(tree), RuleResult(self.name, tuple(changes), summary)
 

@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar, cast
 
 from ..checkpoint import Checkpoint
 from ..errors import OutputError, VerificationError
 from ..progress import Progress, no_progress
-from ..tensors import nbytes, view_key
-from ..tree import iter_tensors
+from ..tensors import ViewKey, nbytes, view_key
+from ..tree import TensorLeaf, Tree, iter_tensors
 from .formats import FORMATS, Kind, OutputFormat, register
 from .plan import (
     ANCHOR_PATTERN,
@@ -42,12 +42,16 @@ if TYPE_CHECKING:
     from .provenance import Provenance
 
 __all__ = ["OutputFormat", "FORMATS", "Kind", "register", "Destination", "WriteOptions",
-           "WriteResult", "Writer", "FileFormat",
+           "WriteResult", "Writer", "FileFormat", "Tap",
            "write", "write_to", "writer_for", "emit", "plan_destination", "check_destination",
            "same_file", "count_tensors", "unique_bytes", "parse_size", "ANCHOR_PATTERN"]
 
 def _nothing() -> None:
     return None
+
+
+Tap = Callable[[TensorLeaf, Iterable[memoryview]], Iterable[bytes | memoryview]]
+"""Sees a tensor's pieces as a file writer writes them, and passes them on."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class WriteOptions:
     precommit: Callable[[], None] = _nothing
     dcp_key: str | None = None
     # sees each tensor's pieces as a file writer writes them (``normalize --manifest``)
-    tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
+    tap: Tap | None = None
     jobs: int | None = None  # threads for verification (default: every core)
 
 
@@ -93,36 +97,40 @@ class Writer(Protocol):
               options: WriteOptions) -> WriteResult: ...
 
 
-def count_tensors(tree: Any) -> int:
+def count_tensors(tree: Tree) -> int:
     return sum(1 for _ in iter_tensors(tree))
 
 
-def unique_bytes(tree: Any) -> int:
-    seen: dict[Any, int] = {}
+def unique_bytes(tree: Tree) -> int:
+    seen: dict[ViewKey, int] = {}
     for _, tensor in iter_tensors(tree):
         seen[view_key(tensor)] = nbytes(tensor)
     return sum(seen.values())
 
 
-class FileFormat(Protocol):
+_Written = TypeVar("_Written")
+
+
+class FileFormat(Protocol[_Written]):
     """One single-file format: write a tree into an open file, then check what was written.
 
-    ``write`` returns what ``verify`` needs from the writing (a layout plan).
+    ``write`` returns what ``verify`` needs from the writing (a layout plan), of the
+    format's own type: to ``emit`` it is an ``object`` passed from one to the other.
     """
 
-    def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
-              advance: Callable[[int], None]) -> Any: ...
+    def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
+              advance: Callable[[int], None]) -> _Written: ...
 
-    def verify(self, path: Path, tree: Any, written: Any, options: WriteOptions,
+    def verify(self, path: Path, tree: Tree, written: _Written, options: WriteOptions,
                advance: Callable[[int], None]) -> None: ...
 
 
-def emit(fmt: OutputFormat, tree: Any, out: StagedFile, options: WriteOptions) -> None:
+def emit(fmt: OutputFormat, tree: Tree, out: StagedFile, options: WriteOptions) -> None:
     """Write ``tree`` into ``out``'s temp file, fsync it and verify it (not yet published)."""
     name, total = out.dst.name, unique_bytes(tree)
     if fmt.kind is not Kind.FILE:
         raise OutputError(f"{fmt.name} is not a single-file format", out.dst)
-    writer: FileFormat = fmt.make()
+    writer = cast("FileFormat[object]", fmt.make())  # a FILE format makes one
     try:
         written = writer.write(tree, out.file, out.dst, options,
                                options.progress(f"writing {name}", total))
@@ -164,8 +172,7 @@ def writer_for(destination: Destination) -> Writer:
 
         return ShardsWriter(destination.format)
     if destination.format.kind is Kind.FOLDER:
-        made: Writer = destination.format.make()
-        return made
+        return cast("Writer", destination.format.make())  # a FOLDER format makes one
     return FileWriter(destination.format)
 
 
@@ -176,7 +183,8 @@ def write_to(checkpoint: Checkpoint, destination: Destination,
 
 
 def write(checkpoint: Checkpoint, dst: str | os.PathLike[str], *, to: str | None = None,
-          max_shard_size: int | str | None = None, **options: Any) -> WriteResult:
+          max_shard_size: int | str | None = None,
+          **options: Any) -> WriteResult:  # Any: each WriteOptions field has its own type
     """Write ``checkpoint.tree`` to ``dst``; ``dst`` appears only once complete and verified.
 
     Args:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import enum
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["Kind", "OutputFormat", "FORMATS", "register", "by_extension"]
 
@@ -49,18 +49,19 @@ class OutputFormat:
 
     name: str
     kind: Kind
-    factory: Any
+    factory: str | Callable[[], object]
     extensions: tuple[str, ...] = ()
     shard_stem: str | None = None
     shard_extension: str | None = None
     metadata: bool = False  # records where it came from (``writers.provenance``)
     one_name_per_tensor: bool = False
 
-    def make(self) -> Any:
-        """The writer (a ``FileFormat`` for files, a ``Writer`` for folders)."""
+    def make(self) -> object:
+        """The writer (a ``FileFormat`` for files, a ``Writer`` for folders: ``kind`` says
+        which, so the caller that checked it casts)."""
         if callable(self.factory):
             return self.factory()
-        module, _, name = str(self.factory).partition(":")
+        module, _, name = self.factory.partition(":")
         return getattr(importlib.import_module(module), name)()
 
     @property

@@ -23,23 +23,25 @@ import io
 import pickle
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ..dtypes import dtype_of
 from ..errors import OutputError
 from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
-from ..tree import Leaf, format_path, is_tensor, iter_tensors, rebuild_dict
+from ..tree import Leaf, TensorLeaf, Tree, format_path, is_tensor, iter_tensors, rebuild_dict
 from ..treejson import sorted_items
 from . import torchnames
 from .staging import preallocate
 from .torchzip import ZipWriter
 
 if TYPE_CHECKING:
+    import torch
+
     from ..sources import SourceFile
-    from . import WriteOptions
+    from . import Tap, WriteOptions
 
 __all__ = ["PthFile", "write_pth", "canonical", "PICKLE_PROTOCOL"]
 
@@ -51,13 +53,12 @@ class _StorageRef:
 
     __slots__ = ("key", "storage_type", "numel")
 
-    def __init__(self, key: str, storage_type: Any, numel: int) -> None:
+    def __init__(self, key: str, storage_type: object, numel: int) -> None:
         self.key, self.storage_type, self.numel = key, storage_type, numel
 
 
 Produce = Callable[[], Iterator[bytes | memoryview]]
 Range = tuple["SourceFile", int, int]  # where a record's bytes lie verbatim in a source
-Tap = Callable[[Any, Iterable[memoryview]], Iterable[bytes | memoryview]]
 
 
 class _Pickler(pickle.Pickler):
@@ -68,19 +69,23 @@ class _Pickler(pickle.Pickler):
     """
 
     def __init__(self, location: str, tap: Tap | None = None,
-                 names: Callable[[str], Any] = torchnames.standin) -> None:
+                 names: Callable[[str], object] = torchnames.standin) -> None:
         self.buffer = io.BytesIO()
         super().__init__(self.buffer, protocol=PICKLE_PROTOCOL)
         self.location, self.tap, self.names = location, tap, names
         self.used: set[str] = set()
         self.records: dict[str, tuple[Produce, int, Range | None]] = {}
-        self._keys: dict[Any, str] = {}
+        self._keys: dict[Hashable, str] = {}
 
-    def _global(self, name: str) -> Any:
+    def _global(self, name: str) -> object:
         self.used.add(name)
         return self.names(name)
 
-    def _key(self, identity: Any, produce: Produce, size: int, where: Range | None = None
+    def _rebuild(self, name: str) -> Callable[..., object]:
+        """A ``torch._utils._rebuild_tensor_*`` function (or its stand-in, callable too)."""
+        return cast("Callable[..., object]", self._global(name))
+
+    def _key(self, identity: Hashable, produce: Produce, size: int, where: Range | None = None
              ) -> str:
         if identity in self._keys:
             return self._keys[identity]
@@ -89,27 +94,29 @@ class _Pickler(pickle.Pickler):
         self._keys[identity] = key
         return key
 
-    def reducer_override(self, obj: Any) -> Any:
+    # Any: a reduce tuple, or NotImplemented (which mypy reads as Any), as pickle declares it
+    def reducer_override(self, obj: object) -> Any:
         if not is_tensor(obj):
             return NotImplemented
-        if not isinstance(obj, Leaf) and _torch_reduces(obj):
+        leaf = cast("TensorLeaf", obj)  # is_tensor: one
+        if not isinstance(leaf, Leaf) and _torch_reduces(leaf):
             return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
-        dtype = dtype_of(obj)
-        size = nbytes(obj)
-        produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
-        key = self._key(view_key(obj), produce, size, file_range(obj))
-        shape = tuple(obj.shape)
+        dtype = dtype_of(leaf)
+        size = nbytes(leaf)
+        produce = partial(chunks, leaf) if self.tap is None else partial(_tapped, self.tap, leaf)
+        key = self._key(view_key(leaf), produce, size, file_range(leaf))
+        shape = tuple(leaf.shape)
         stride = contiguous_strides(shape)
-        hooks: OrderedDict[Any, Any] = OrderedDict()
+        hooks: OrderedDict[str, object] = OrderedDict()  # backward hooks: never any
         storage = torchnames.storage_class(dtype)
         if storage is None:
             ref = _StorageRef(key, self._global("UntypedStorage"), size)
-            return (self._global("_rebuild_tensor_v3"),
+            return (self._rebuild("_rebuild_tensor_v3"),
                     (ref, 0, shape, stride, False, hooks, self._global(dtype.name)))
         ref = _StorageRef(key, self._global(storage), size // max(dtype.itemsize, 1))
-        return (self._global("_rebuild_tensor_v2"), (ref, 0, shape, stride, False, hooks))
+        return (self._rebuild("_rebuild_tensor_v2"), (ref, 0, shape, stride, False, hooks))
 
-    def persistent_id(self, obj: Any) -> Any:
+    def persistent_id(self, obj: object) -> object:
         if isinstance(obj, _StorageRef):
             return ("storage", obj.storage_type, obj.key, self.location, obj.numel)
         if not type(obj).__module__.startswith("torch"):
@@ -119,15 +126,15 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.storage.TypedStorage):  # tensors torch reduces itself
             storage = obj._untyped_storage
             key = self._key(storage._cdata, partial(_storage_bytes, storage), storage.nbytes())
-            return ("storage", getattr(torch, obj._pickle_storage_type()), key, self.location,
-                    obj._size())
+            return ("storage", getattr(torch, obj._pickle_storage_type()),  # type: ignore[no-untyped-call]
+                    key, self.location, obj._size())  # type: ignore[no-untyped-call]
         if isinstance(obj, torch.UntypedStorage):
             key = self._key(obj._cdata, partial(_storage_bytes, obj), obj.nbytes())
             return ("storage", torch.UntypedStorage, key, self.location, obj.nbytes())
         return None
 
 
-def _torch_reduces(tensor: Any) -> bool:
+def _torch_reduces(tensor: torch.Tensor) -> bool:
     """Whether a torch tensor is one torch must pickle itself (not a plain strided one)."""
     import torch
 
@@ -135,7 +142,7 @@ def _torch_reduces(tensor: Any) -> bool:
                 or type(tensor) not in (torch.Tensor, torch.nn.Parameter))
 
 
-def _pickle(tree: Any, anchor: str, tap: Tap | None) -> tuple[bytes, _Pickler]:
+def _pickle(tree: Tree, anchor: str, tap: Tap | None) -> tuple[bytes, _Pickler]:
     """``tree``'s pickle and the pickler that knows its records, made without torch
     (``torchnames``) unless the tree's own strings spell the stand-ins' marker."""
     value = canonical(tree)
@@ -149,7 +156,7 @@ def _pickle(tree: Any, anchor: str, tap: Tap | None) -> tuple[bytes, _Pickler]:
     return pickled, pickler
 
 
-def _storage_bytes(storage: Any) -> Iterator[bytes | memoryview]:
+def _storage_bytes(storage: torch.UntypedStorage) -> Iterator[bytes | memoryview]:
     import torch
 
     if storage.nbytes():
@@ -157,7 +164,7 @@ def _storage_bytes(storage: Any) -> Iterator[bytes | memoryview]:
         yield memoryview(data).cast("B")  # type: ignore[arg-type]
 
 
-def canonical(value: Any) -> Any:
+def canonical(value: Tree) -> Tree:
     """``value`` rebuilt so its pickle depends on values, not object identity.
 
     Pickle writes a back-reference for an object it has seen before: two
@@ -182,31 +189,31 @@ def canonical(value: Any) -> Any:
     return value
 
 
-class _SortedSet(set):  # type: ignore[type-arg]
+class _SortedSet(set[Tree]):
     """A set that pickles its items sorted: the same set gives the same bytes in any process."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[set[Tree]], tuple[list[Tree]]]:
         return (set, (sorted_items(self),))
 
 
 class PthFile:
     """A torch zip checkpoint; verified by ``torch.load(weights_only=True)``."""
 
-    def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
+    def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
         require_torch_dtypes(tree, dst)
         # verification needs torch: it is imported on a thread while this one writes
         with torchnames.imported_meanwhile() if options.verify else contextlib.nullcontext():
             write_pth(tree, file, options.anchor, advance, options.tap)
 
-    def verify(self, path: Path, tree: Any, written: None, options: WriteOptions,
+    def verify(self, path: Path, tree: Tree, written: None, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_pth
 
         verify_pth(path, tree, options.anchor, advance, options.jobs)
 
 
-def require_torch_dtypes(tree: Any, dst: Path) -> None:
+def require_torch_dtypes(tree: Tree, dst: Path) -> None:
     """Refuse, before anything is written, a tensor whose dtype torch does not have (FP6)."""
     for path, tensor in iter_tensors(tree):
         dtype = dtype_of(tensor)
@@ -216,11 +223,11 @@ def require_torch_dtypes(tree: Any, dst: Path) -> None:
                               dst)
 
 
-def _tapped(tap: Tap, leaf: Any) -> Iterator[bytes | memoryview]:
+def _tapped(tap: Tap, leaf: TensorLeaf) -> Iterator[bytes | memoryview]:
     return iter(tap(leaf, chunks(leaf)))
 
 
-def write_pth(tree: Any, file: BinaryIO, anchor: str, advance: Callable[[int], None],
+def write_pth(tree: Tree, file: BinaryIO, anchor: str, advance: Callable[[int], None],
               tap: Tap | None = None) -> None:
     """Write ``tree`` as a torch zip checkpoint, one storage record at a time; ``tap`` sees
     each tensor's pieces as they are written."""

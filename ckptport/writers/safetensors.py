@@ -102,7 +102,7 @@ class SafetensorsFile:
                advance: Callable[[int], None]) -> None:
         from .verify import verify_safetensors
 
-        verify_safetensors(path, written, tree, advance, options.jobs)
+        verify_safetensors(path, written.entries, tree, advance, options.jobs)
 
 
 SHA256_HEX_WIDTH = 64

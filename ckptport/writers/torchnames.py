@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import NoReturn
 
 from ..dtypes import DTYPES, STORAGE_CLASSES, DType
 
@@ -42,7 +42,7 @@ class _Global:
     def __reduce__(self) -> str:
         return self.name
 
-    def __call__(self, *args: Any) -> Any:  # pickle takes only callables as constructors
+    def __call__(self, *args: object) -> NoReturn:  # pickle takes only callables as constructors
         raise TypeError(f"torch.{self.name} stands in for pickling, it is never called")
 
 
@@ -60,12 +60,12 @@ def storage_class(dtype: DType) -> str | None:
     return _STORAGE_OF.get(dtype.name)
 
 
-def standin(name: str) -> Any:
+def standin(name: str) -> object:
     """The stand-in for ``torch.<name>`` (or ``torch._utils.<name>``)."""
     return globals()[name]
 
 
-def real(name: str) -> Any:
+def real(name: str) -> object:
     """The torch object itself."""
     import torch
 

@@ -22,18 +22,23 @@ import struct
 import threading
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..compare import tree_mismatches
+from ..containers.safetensors import Entry
 from ..containers.sniff import SourceStream
 from ..dtypes import dtype_of
 from ..errors import InputError, VerificationError
 from ..progress import Advance
 from ..sources import SourceFile
 from ..tensors import Blob, Computed, Pending, TensorInfo, chunks, nbytes, realize
+from ..tree import TensorLeaf, Tree
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["verify_pth", "verify_safetensors", "Independent"]
 
@@ -49,7 +54,7 @@ class Independent:
         for archive in self.archives.values():
             archive.close()
 
-    def __call__(self, leaf: Any) -> Iterator[bytes | memoryview]:
+    def __call__(self, leaf: TensorLeaf) -> Iterator[bytes | memoryview]:
         if isinstance(leaf, Pending):
             if leaf.dtype == dtype_of(leaf.source) and not leaf.transform:
                 yield from self(leaf.source)
@@ -64,7 +69,7 @@ class Independent:
             return
         yield from chunks(leaf)
 
-    def _whole(self, leaf: Any) -> bytearray:
+    def _whole(self, leaf: TensorLeaf) -> bytearray:
         """The leaf's bytes in one buffer, filled piece by piece (no joined copies)."""
         whole = bytearray(nbytes(leaf))
         at = 0
@@ -83,7 +88,7 @@ class Independent:
         archive = self.archives.get(id(source))
         if archive is None:
             try:
-                archive = zipfile.ZipFile(SourceStream(source))  # type: ignore[arg-type]
+                archive = zipfile.ZipFile(SourceStream(source))
             except (zipfile.BadZipFile, OSError, ValueError) as exc:
                 raise InputError(f"Python's zipfile cannot open the archive: {exc}",
                                  source.path) from None
@@ -121,7 +126,7 @@ class Independent:
         self.close()
 
 
-def _values(raw: bytearray, leaf: Any) -> Any:
+def _values(raw: bytearray, leaf: TensorLeaf) -> torch.Tensor:
     """A tensor of ``leaf``'s dtype and shape over the canonical bytes ``raw`` (not copied)."""
     import torch
 
@@ -131,11 +136,11 @@ def _values(raw: bytearray, leaf: Any) -> Any:
     return values.reshape(leaf.shape)
 
 
-def _cast(raw: bytearray, leaf: Pending) -> Any:
+def _cast(raw: bytearray, leaf: Pending) -> torch.Tensor:
     return realize(_values(raw, leaf.source), leaf)
 
 
-def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance,
+def _expect_same(path: Path, expected: Tree, actual: Tree, advance: Advance,
                  jobs: int | None) -> None:
     with Independent() as independent:
         problems = tree_mismatches(expected, actual, on_tensor=advance,
@@ -145,7 +150,7 @@ def _expect_same(path: Path, expected: Any, actual: Any, advance: Advance,
                                 path)
 
 
-def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance,
+def verify_pth(path: Path, expected: Tree, anchor: str, advance: Advance,
                jobs: int | None = None) -> None:
     import torch
 
@@ -162,18 +167,20 @@ def verify_pth(path: Path, expected: Any, anchor: str, advance: Advance,
     _expect_same(path, expected, actual, advance, jobs)
 
 
-def verify_safetensors(path: Path, plan: Any, expected: Any, advance: Advance,
-                       jobs: int | None = None) -> None:
+def verify_safetensors(path: Path, entries: Mapping[str, Entry], expected: Tree,
+                       advance: Advance, jobs: int | None = None) -> None:
+    """The file's names, dtypes and shapes as the safetensors library reads them against the
+    planned ``entries``, then every tensor's bytes against the source's."""
     from safetensors import safe_open
 
     from ..readers import open_checkpoint
 
     try:
         with safe_open(str(path), framework="numpy") as f:
-            if set(f.keys()) != set(plan.tensors):
+            if set(f.keys()) != set(entries):
                 raise VerificationError("tensor names in the written file differ from the plan",
                                         path)
-            for name, entry in plan.entries.items():
+            for name, entry in entries.items():
                 stored = f.get_slice(name)  # header only: the bytes are compared below
                 if stored.get_dtype() != entry.code or \
                         tuple(stored.get_shape()) != entry.header_shape:
