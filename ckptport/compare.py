@@ -111,12 +111,11 @@ def _walk(a: Tree, b: Tree, path: KeyPath, found: list[str], limit: int,
         if not (is_tensor(a) and is_tensor(b)):
             found.append(f"{where}: tensor vs {type(b if is_tensor(a) else a).__name__}")
             return
-        x, y = cast("TensorLeaf", a), cast("TensorLeaf", b)  # is_tensor: both
-        if dtype_of(x) != dtype_of(y) or tuple(x.shape) != tuple(y.shape):
-            found.append(f"{where}: dtype or shape differ ({dtype_of(x)}{list(x.shape)} vs "
-                         f"{dtype_of(y)}{list(y.shape)})")
+        if dtype_of(a) != dtype_of(b) or tuple(a.shape) != tuple(b.shape):
+            found.append(f"{where}: dtype or shape differ ({dtype_of(a)}{list(a.shape)} vs "
+                         f"{dtype_of(b)}{list(b.shape)})")
         else:
-            pairs.append((where, x, y))
+            pairs.append((where, a, b))
     elif isinstance(a, Mapping) and isinstance(b, Mapping):
         if list(a) != list(b):
             found.append(f"{where}: keys differ")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..checkpoint import Checkpoint
 from ..tensors import Pending, StorageInfo, TensorInfo, location
-from ..tree import KeyPath, Tree, is_tensor, map_tree
+from ..tree import KeyPath, TensorLeaf, Tree, is_tensor, map_tree
 from .base import Change, RuleResult
 
 __all__ = ["MapToCPU"]
@@ -27,11 +27,11 @@ class MapToCPU:
         moved: Counter[str] = Counter()
         storages: dict[int, StorageInfo] = {}
 
-        def to_cpu(path: KeyPath, value: Tree) -> Tree:
-            if not is_tensor(value) or location(value) == "cpu":
+        def leaf_to_cpu(value: TensorLeaf) -> TensorLeaf:
+            if location(value) == "cpu":
                 return value
             if isinstance(value, Pending):  # a lazy view read from the file: its source
-                return replace(value, source=to_cpu(path, value.source))
+                return replace(value, source=leaf_to_cpu(value.source))
             if isinstance(value, TensorInfo):
                 storage = storages.get(id(value.storage))
                 if storage is None:
@@ -43,6 +43,9 @@ class MapToCPU:
                 moved[location(value)] += 1
                 return value.cpu()
             return value
+
+        def to_cpu(path: KeyPath, value: Tree) -> Tree:
+            return leaf_to_cpu(value) if is_tensor(value) else value
 
         tree = map_tree(checkpoint.tree, to_cpu)
         recorded = dict(checkpoint.source.storage_locations)

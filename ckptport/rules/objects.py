@@ -94,7 +94,7 @@ class _Converter:
         if kind is set:
             return {self.convert(v, (*path, "<item>")) for v in cast("set[Tree]", value)}
         if is_tensor(value):
-            return self.tensor(value, path)  # type: ignore[arg-type]  # is_tensor: a TensorLeaf
+            return self.tensor(value, path)
         plain, note = self.plain(value, path)
         before = type_name(value)
         after = type_name(plain)

@@ -109,7 +109,7 @@ class CastDtype:
             key = view_key(value)
             if key in done:
                 return done[key]
-            result = _pending(cast("TensorLeaf", value), target, self.lazy)  # is_tensor: one
+            result = _pending(value, target, self.lazy)
             changes.append(Change(format_path(path), "cast", f"{source} -> {target}"))
             done[key] = result
             return result

@@ -98,14 +98,13 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: object) -> Any:
         if not is_tensor(obj):
             return NotImplemented
-        leaf = cast("TensorLeaf", obj)  # is_tensor: one
-        if not isinstance(leaf, Leaf) and _torch_reduces(leaf):
+        if not isinstance(obj, Leaf) and _torch_reduces(obj):
             return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
-        dtype = dtype_of(leaf)
-        size = nbytes(leaf)
-        produce = partial(chunks, leaf) if self.tap is None else partial(_tapped, self.tap, leaf)
-        key = self._key(view_key(leaf), produce, size, file_range(leaf))
-        shape = tuple(leaf.shape)
+        dtype = dtype_of(obj)
+        size = nbytes(obj)
+        produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
+        key = self._key(view_key(obj), produce, size, file_range(obj))
+        shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[str, object] = OrderedDict()  # backward hooks: never any
         storage = torchnames.storage_class(dtype)
