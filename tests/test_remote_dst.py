@@ -374,3 +374,65 @@ def test_folder_mode_into_a_bucket_resumes_and_splits(bucket, zoo, run, tmp_path
                 and "/.ckptport-journal/" not in k]) == 3
     missing = run("normalize", zoo, "s3://missing-bucket/zoo/", "-q")
     assert missing.exit_code == 2 and "no such bucket" in missing.stderr
+
+
+def _upload_zoo(client: Any, zoo: Path, prefix: str) -> list[str]:
+    names = sorted(p.relative_to(zoo).as_posix() for p in zoo.rglob("*") if p.is_file())
+    for name in names:
+        client.upload_file(str(zoo / name), BUCKET, prefix + name)
+    return names
+
+
+def test_folder_mode_from_a_bucket_folder_resumes_splits_and_pins(bucket, zoo, run, tmp_path):
+    """``normalize s3://…/zoo/ s3://…/clean/`` (and into a local folder) as local folder mode:
+    the same outputs, resumed after an interrupted run, split by ``--part``; a source that
+    changes after it was listed is refused by name, the others converted."""
+    from ckptport.commands.normalize import FolderOptions, normalize_folder
+
+    _upload_zoo(bucket, zoo, "zoo/")
+    local = _folder(run, zoo, tmp_path / "local", "--to", "safetensors")
+    assert local["counts"]["converted"] == 3
+    here = _folder(run, f"s3://{BUCKET}/zoo/", tmp_path / "here", "--to", "safetensors")
+    assert here["counts"]["converted"] == 3 and here["not_checkpoints"] == []
+    for f in local["files"]:
+        made = (tmp_path / "here" / f["output"]).read_bytes()
+        assert made == (tmp_path / "local" / f["output"]).read_bytes()
+
+    def stop_after_one(name: str, total: int) -> Callable[[int], None]:
+        def advance(n: int) -> None:
+            if name == "files":
+                raise KeyboardInterrupt
+        return advance
+
+    settings = FolderOptions(to="safetensors", jobs=1)
+    with pytest.raises(KeyboardInterrupt, match="1 files converted and kept"):
+        normalize_folder(f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/clean/", settings,
+                         progress=stop_after_one)
+    resumed = _folder(run, f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/clean/", "--to",
+                      "safetensors")
+    assert (resumed["counts"]["converted"], resumed["counts"]["skipped"]) == (2, 1)
+    for f in local["files"]:
+        assert _get(bucket, "clean/" + f["output"]) == (tmp_path / "local" / f["output"]
+                                                        ).read_bytes()
+    again = _folder(run, f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/clean/", "--to", "safetensors")
+    assert again["counts"]["skipped"] == 3  # listed, HEADs only: nothing fetched again
+    parts = [_folder(run, f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/split/", "--to",
+                     "safetensors", "--part", p) for p in ("1/2", "2/2")]
+    assert sorted(f["source"] for p in parts for f in p["files"]) == \
+        ["a/one.pth", "a/two.pth", "b/three.safetensors"]
+
+    def rewrite_after_one(name: str, total: int) -> Callable[[int], None]:
+        def advance(n: int) -> None:  # the biggest file is done: rewrite another
+            if name == "files":
+                bucket.put_object(Bucket=BUCKET, Key="zoo/b/three.safetensors", Body=b"x" * 99)
+        return advance
+
+    changed = normalize_folder(f"s3://{BUCKET}/zoo/", tmp_path / "changed",
+                               FolderOptions(to="safetensors", jobs=1),
+                               progress=rewrite_after_one)
+    failed = [f for f in changed.files if f.status == "failed"]
+    assert changed.exit_code == 1 and [f.source for f in failed] == ["b/three.safetensors"]
+    assert "changed while it was read" in failed[0].reason
+    assert not list((tmp_path / "changed" / "b").iterdir())  # nothing written for it
+    inside = run("normalize", f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/zoo/out/", "-q")
+    assert inside.exit_code == 2 and "lie inside one another" in inside.stderr

@@ -174,3 +174,46 @@ def test_ctrl_c_during_upload_commits_nothing(hub, source, run, monkeypatch):
 def test_create_pr_needs_a_hub_destination(source, run, tmp_path):
     result = run("normalize", source, tmp_path / "x.pth", "--create-pr", "-q")
     assert result.exit_code == 2 and "--create-pr opens a pull request" in result.stderr
+
+
+def _zoo(root: Path) -> Path:
+    for i, rel in enumerate(("a/one.pth", "b/two.pth")):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state_dict": {"module.w": torch.full((64, 64), float(i))}}, root / rel)
+    return root
+
+
+def test_folder_mode_into_a_hub_repository_is_one_commit(hub, run, tmp_path, monkeypatch):
+    """``normalize zoo/ hf://org/repo``: every output in one commit (a pull request with
+    ``--create-pr``), made after all are verified, its LFS uploads handed back by the worker
+    processes; one failed file and nothing is committed. The repository then reads back as
+    a folder SRC (``hf://org/repo``)."""
+    from ckptport.remote import commit
+
+    monkeypatch.setattr(commit, "INLINE", 0)  # every file by LFS, as a real shard goes
+    zoo = _zoo(tmp_path / "zoo")
+    args = ("--to", "safetensors", "--jobs", "1", "-q")
+    assert run("normalize", zoo, tmp_path / "local", *args).exit_code == 0
+    outputs = {"a/one.safetensors", "b/two.safetensors"}
+    pr = run("normalize", zoo, f"hf://{REPO}", "--create-pr", *args)
+    assert pr.exit_code == 0, pr.stderr
+    assert "pull request" in pr.stdout and _commits(hub) == 2
+    assert _files(hub) == {"README.md": b"# a model\n"}
+    made = run("normalize", zoo, f"hf://{REPO}", *args, "--jobs", "2")
+    assert made.exit_code == 0, made.stderr
+    files = _files(hub)
+    assert set(files) == {"README.md", *outputs} and _commits(hub) == 3
+    assert all(files[o] == (tmp_path / "local" / o).read_bytes() for o in outputs)
+    back = run("normalize", f"hf://{REPO}", tmp_path / "back", *args, "--format", "json")
+    assert back.exit_code == 0, back.stderr
+    assert run("normalize", tmp_path / "local", tmp_path / "again", *args).exit_code == 0
+    assert all((tmp_path / "back" / o).read_bytes() == (tmp_path / "again" / o).read_bytes()
+               for o in outputs)
+    whole = (zoo / "a" / "one.pth").read_bytes()
+    (zoo / "c").mkdir()
+    (zoo / "c" / "cut.pth").write_bytes(whole[:len(whole) // 2])  # a checkpoint, cut short
+    failed = run("normalize", zoo, f"hf://{REPO}/other", *args, "--format", "json")
+    assert failed.exit_code == 1 and _commits(hub) == 3  # nothing committed
+    assert "not committed" in failed.stdout and "other/a/one.safetensors" not in _files(hub)
+    split = run("normalize", zoo, f"hf://{REPO}", *args, "--part", "1/2")
+    assert split.exit_code == 2 and "one commit of the whole folder" in split.stderr

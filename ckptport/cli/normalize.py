@@ -93,8 +93,8 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     A folder SRC that is none of those is a folder of checkpoints: each is written to
     the same relative path under DST (with --to's extension, .pth by default) by
     --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
-    from ..readers import is_checkpoint_folder
-    if src.is_dir() and not is_checkpoint_folder(src):
+    from ..readers import is_folder_of_checkpoints
+    if is_folder_of_checkpoints(src):
         if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
                 or hash_name or tag is not None or sign_key is not None:
             raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
@@ -106,7 +106,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
             folder_report = normalize_folder(src, dst, FolderOptions(
                 options=options, to=to or "pth", anchor=anchor, overwrite=overwrite,
                 verify=verify, jobs=jobs, part=part, dry_run=dry_run, metadata=metadata,
-                max_expansion=max_expansion), progress=progress)
+                max_expansion=max_expansion, create_pr=create_pr), progress=progress)
         click.echo(formatter(report_format).folder(folder_report))
         ctx.exit(folder_report.exit_code)
     if part is not None or dry_run:

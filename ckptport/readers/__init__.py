@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
-           "NotDescribable", "layout_of", "is_checkpoint_folder", "check_named", "tag_for",
-           "tag_somewhere"]
+           "NotDescribable", "layout_of", "is_checkpoint_folder", "is_folder_of_checkpoints",
+           "check_named", "tag_for", "tag_somewhere"]
 
 
 def layout_of(folder: Any, names: Names, name: str | None = None, tag: str | None = None
@@ -138,6 +138,26 @@ def is_checkpoint_folder(path: Path) -> bool:
     except CkptportError:
         return True
     return layout is not None and layout.many is None
+
+
+def is_folder_of_checkpoints(path: Any) -> bool:
+    """Folder mode's SRC: a local folder that is not one checkpoint, or a bucket folder or
+    hub repository whose names no layout reads as one checkpoint (its listing decides, as
+    a local folder's entries do; a broken layout is one checkpoint, read to say why)."""
+    from ..remote.urls import RemotePath
+
+    if not isinstance(path, RemotePath):
+        return Path(path).is_dir() and not is_checkpoint_folder(Path(path))
+    from ..remote import folder_names
+
+    names = folder_names(path)
+    if names is None:  # an object
+        return False
+    try:
+        layout = layout_of(path, names)
+    except CkptportError:
+        return False
+    return layout is None or layout.many is not None
 
 
 def tag_for(path: Any, tag: str | None) -> str | None:

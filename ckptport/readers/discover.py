@@ -12,34 +12,43 @@ bytes: a checkpoint, or a listed non-checkpoint with the reason, never
 silently passed over, unless a layout names it as its own and it holds no
 checkpoint (a model folder's ``config.json``, a save folder's ``latest``).
 Links are not followed out of the folder.
+
+A bucket folder or a hub repository (a ``RemotePath``) is walked the same
+way from its listing (``remote.folder_files``): its files are opened by
+range, their versions pinned (``RemotePath.opened``), and asked the same
+questions; nothing else is read.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..containers.sniff import sniff
 from ..errors import CkptportError, InputError
-from ..sources import open_source
+from ..remote.urls import RemotePath
+from ..sources import SourceFile, open_source
 
-__all__ = ["Found", "Discovery", "discover", "inside"]
+__all__ = ["Found", "Discovery", "discover", "inside", "Where", "folder_of"]
+
+Where = Path | RemotePath  # a file or folder searched: on this machine, or remote
 
 @dataclass(frozen=True)
 class Found:
     """One checkpoint: a file, a shard index, or a DCP folder; ``files`` it covers;
     ``weights`` False for training state a layout says holds no model weights."""
 
-    path: Path
-    files: tuple[Path, ...]
+    path: Where
+    files: tuple[Where, ...]
     weights: bool = True
 
 
 @dataclass
 class Discovery:
     checkpoints: list[Found] = field(default_factory=list)
-    others: list[tuple[Path, str]] = field(default_factory=list)
+    others: list[tuple[Where, str]] = field(default_factory=list)
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -48,10 +57,56 @@ def inside(path: Path, root: Path) -> bool:
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def _classify(path: Path) -> str | None:
+def folder_of(path: RemotePath) -> RemotePath:
+    """A remote folder's location with its key ending in ``/`` (a hub URL drops it), so
+    that ``folder / name`` names a file in it."""
+    key = path.url.key
+    if not key or key.endswith("/"):
+        return path
+    return RemotePath(replace(path.url, key=key + "/"), path.pins, path.opener,
+                      path.transfers)
+
+
+def _walk(root: Where) -> Iterator[tuple[Where, list[str], list[str]]]:
+    """``os.walk`` (links not followed) of a local folder; of a remote one, the same from its
+    listing: each folder with its subfolders' and files' names, top down, in order."""
+    if isinstance(root, Path):
+        for folder, dirs, names in os.walk(root, followlinks=False):
+            dirs.sort()  # walked in order
+            yield Path(folder), dirs, sorted(names)
+        return
+    from ..remote import folder_files
+
+    tree: dict[str, tuple[set[str], list[str]]] = {"": (set(), [])}
+    for name in folder_files(root):
+        folder, _, file = name.rpartition("/")
+        parts = folder.split("/") if folder else []
+        for depth in range(len(parts)):
+            above = "/".join(parts[:depth])
+            tree.setdefault(above, (set(), []))[0].add(parts[depth])
+            tree.setdefault("/".join(parts[:depth + 1]), (set(), []))
+        tree[folder][1].append(file)
+    base = folder_of(root)
+
+    def visit(folder: str) -> Iterator[tuple[Where, list[str], list[str]]]:
+        dirs, files = tree[folder]
+        here = base / f"{folder}/" if folder else base
+        yield here, sorted(dirs), sorted(files)
+        for sub in sorted(dirs):
+            yield from visit(f"{folder}/{sub}" if folder else sub)
+
+    yield from visit("")
+
+
+def _opened(path: Where) -> SourceFile:
+    """The file, opened to be read by position (a remote one: its version pinned)."""
+    return open_source(path) if isinstance(path, Path) else path.opened()  # type: ignore[return-value]
+
+
+def _classify(path: Where) -> str | None:
     """None when a loader could open ``path`` as a checkpoint, else why not."""
     try:
-        source = open_source(path)
+        source = _opened(path)
     except CkptportError as exc:
         return exc.message
     try:
@@ -67,24 +122,27 @@ def _classify(path: Path) -> str | None:
     except CkptportError as exc:
         return exc.message
     finally:
-        source.close()
+        if isinstance(path, Path):  # a remote object stays open: its version is pinned
+            source.close()
 
 
-def discover(root: Path) -> Discovery:
+def discover(root: Where) -> Discovery:
     """Every checkpoint under ``root`` and every other file, in path order."""
     from . import layout_of
 
     found = Discovery()
-    covered: set[Path] = set()
+    covered: set[Where] = set()
     quiet: set[Path] = set()
     unweighted: set[Path] = set()
 
-    def take(path: Path, folder: Path, names: frozenset[str] | None, name: str | None
+    def take(path: Where, folder: Where, names: frozenset[str] | None, name: str | None
              ) -> None:
         try:
             layout = layout_of(folder, names, name)
         except CkptportError as exc:  # broken as named: one checkpoint, reported when read
-            if exc.path is None or Path(exc.path) not in covered:  # not reported already
+            named = exc.path if isinstance(exc.path, RemotePath) or exc.path is None \
+                else Path(exc.path)
+            if named is None or named not in covered:  # not reported already
                 found.checkpoints.append(Found(path, (path,) if name else ()))
                 covered.add(path)
             return
@@ -96,22 +154,21 @@ def discover(root: Path) -> Discovery:
             return
         if layout.reader is None or set(layout.files) <= covered:
             return  # one file, classified by its bytes below; or found already
-        found.checkpoints.append(Found(Path(layout.main), layout.files))
+        main = layout.main if isinstance(layout.main, RemotePath) else Path(layout.main)
+        found.checkpoints.append(Found(main, layout.files))
         covered.update(layout.files)
 
-    for folder, dirs, names in os.walk(root, followlinks=False):
-        here = Path(folder)
-        dirs.sort()
-        for name in sorted(names):  # files that name a layout (a shard index)
+    walked = list(_walk(root))
+    for here, dirs, names in walked:
+        for name in names:  # files that name a layout (a shard index)
             take(here / name, here, None, name)
         take(here, here, frozenset([*names, *(d + "/" for d in dirs)]), None)
-    for folder, dirs, names in os.walk(root, followlinks=False):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(folder) / name
+    for here, _, names in walked:
+        for name in names:
+            path = here / name
             if path in covered:
                 continue
-            if path.is_symlink() and not inside(path, root):
+            if path.is_symlink() and not inside(path, root):  # type: ignore[arg-type]
                 found.others.append((path, "a link to a file outside the folder; not followed"))
                 continue
             reason = _classify(path)

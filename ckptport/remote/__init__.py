@@ -24,7 +24,7 @@ from .deadline import Timeout, Transfers
 from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, redact
 
 __all__ = ["RemotePath", "RemoteURL", "Timeout", "Transfers", "is_remote", "location",
-           "parse_url", "redact", "folder_names"]
+           "parse_url", "redact", "folder_names", "folder_files"]
 
 
 def location(raw: str | os.PathLike[str], transfers: Transfers | None = None
@@ -72,3 +72,22 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
     prefix = f"{folder}/" if folder else ""
     inner = [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)]
     return frozenset(n if "/" not in n else n.split("/", 1)[0] + "/" for n in inner)
+
+
+def folder_files(path: RemotePath) -> tuple[str, ...]:
+    """Every file below the folder ``path`` names (a bucket folder, a hub repository or a
+    folder of one), relative to it, in name order: what folder mode walks, as ``os.walk``
+    walks a local folder."""
+    url = path.url
+    if url.scheme == "s3":
+        from .s3 import folder_files as bucket_files
+
+        return bucket_files(path)
+    if url.scheme != "hf":
+        raise InputError("names a folder, and a web server cannot be listed: name a "
+                         "checkpoint file or a *.index.json", path)
+    from .hub import repo_files
+
+    folder = url.key.strip("/")
+    prefix = f"{folder}/" if folder else ""
+    return tuple(sorted(f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)))

@@ -32,9 +32,12 @@ from typing import Any
 from ..errors import CkptportError, OutputError, VerificationError
 from .urls import RemotePath, RemoteURL
 
-__all__ = ["HubStore", "Uploaded", "INLINE"]
+__all__ = ["HubStore", "Uploaded", "INLINE", "DEFERRED"]
 
 INLINE = 10 << 20  # files at most this large go in the commit itself (the hub's own limit)
+# in a destination's pins, a list: its files are uploaded and collected there, and the one
+# commit of them all is made by whoever set it (folder mode, once every file is done)
+DEFERRED = "hub commit deferred"
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ class HubStore:
                message: str, description: str) -> RemotePath:
         """One commit (or pull request) with every file, then each read back at it
         (``overwrite`` was checked against the files before anything was written)."""
+        deferred = self.path.pins.get(DEFERRED)
+        if deferred is not None:
+            deferred += uploaded
+            return self.path
         delete = self.hub.CommitOperationDelete
         operations = [u.operation for u in uploaded] + \
             [delete(self.folder + name) for name in stale]
@@ -146,7 +153,7 @@ class HubStore:
     def _read_back(self, item: Uploaded, commit: str) -> None:
         from .objects import open_remote
 
-        where = RemotePath(RemoteURL("hf", self.repo, self.folder + item.name,
+        where = RemotePath(RemoteURL("hf", self.repo, item.operation.path_in_repo,
                                      repo_type=self.url.repo_type, revision=commit),
                            opener=open_remote, transfers=self.path.transfers)
         digest = hashlib.sha256()

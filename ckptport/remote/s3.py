@@ -64,7 +64,7 @@ class S3Object:
         self.path, self.client, self.transfers = path, client, path.transfers
         self.bucket, self.key = path.url.host, path.url.key
         if not self.key or self.key.endswith("/"):
-            raise InputError("names a folder; folder mode reads local folders only: name a "
+            raise InputError("names a folder, not an object: name a "
                              "checkpoint file or a *.index.json", path)
         head = retrying(lambda ends: self._call("head_object", ends), path, self.transfers)
         self.size = int(head["ContentLength"])
@@ -177,15 +177,28 @@ MAX_LISTED = 100_000  # names in one bucket folder, for its layouts to decide fr
 def folder_names(path: RemotePath) -> frozenset[str]:
     """The names directly in the bucket folder ``path`` names (objects as named, folders
     with a trailing ``/``): what the readers' layouts decide from, as for a local folder."""
+    return frozenset(_listed(path, "/"))
+
+
+def folder_files(path: RemotePath) -> tuple[str, ...]:
+    """Every object below the bucket folder ``path`` names, relative to it, in name order
+    (folder mode's walk over a bucket folder)."""
+    return tuple(sorted(_listed(path, "")))
+
+
+def _listed(path: RemotePath, delimiter: str) -> set[str]:
+    """``ListObjectsV2`` below ``path``'s prefix, page by page, each page retried and
+    bounded by the command's deadlines; at most ``MAX_LISTED`` names."""
     s3 = client(path.transfers.timeout)
     prefix = path.url.key
     names: set[str] = set()
     token: dict[str, str] = {}
+    split = {"Delimiter": delimiter} if delimiter else {}
 
     def page(ends: float) -> Any:
         try:
             return bounded(lambda: s3.list_objects_v2(Bucket=path.url.host, Prefix=prefix,
-                                                      Delimiter="/", **token),
+                                                      **split, **token),
                            path.transfers, ends, path)
         except DeadlineError:
             raise
@@ -201,5 +214,5 @@ def folder_names(path: RemotePath) -> frozenset[str]:
             raise InputError(f"holds more than {MAX_LISTED} names; name the checkpoint file "
                              "or its *.index.json", path)
         if not answer.get("IsTruncated"):
-            return frozenset(names)
+            return names
         token = {"ContinuationToken": answer["NextContinuationToken"]}

@@ -15,6 +15,7 @@ path the CLI is given, and start-up must not pay for the network clients.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import stat
 import threading
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import InputError
-from .deadline import Transfers
+from .deadline import Timeout, Transfers
 
 __all__ = ["RemoteURL", "RemotePath", "Opened", "is_remote", "parse_url", "redact", "SCHEMES"]
 
@@ -44,6 +45,7 @@ SCHEMES = ("http", "https", "hf", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _HUB_TYPES = {"datasets": "dataset", "spaces": "space", "models": "model"}
 KEEP_FETCHED = "keep fetched bytes"  # in ``pins``: the command reads these objects again
+_VERSION = "version"  # in ``pins``, with the URL: the version an object was first opened at
 
 
 def is_remote(raw: object) -> bool:
@@ -150,7 +152,7 @@ class RemoteStat:
     """What ``Path.stat()`` gives for a file, from the pinned object (no new request)."""
 
     st_size: int
-    st_mtime_ns: int  # the pinned version's hash: a changed object is another file
+    st_mtime_ns: int  # the pinned version's digest: a changed object is another file
     st_ino: int = 0
     st_dev: int = 0
     st_mode: int = stat.S_IFREG | 0o444
@@ -210,18 +212,41 @@ class RemotePath:
     def is_symlink(self) -> bool:
         return False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled for a worker process (folder mode): the URL and ``pins``, so the worker
+        reads each object at the version (and a hub repository at the commit) this process
+        pinned; the open object, its lock and the command's clock stay here."""
+        timeout, connections = self.transfers.timeout, self.transfers.connections
+        return _unpickled, (self.url, self.pins, self.opener, timeout, connections)
+
+    def reopened(self) -> RemotePath:
+        """The same location, not yet opened, sharing ``pins`` (the versions pinned so far)
+        and the clock: a new read of it (a spool, if the command asks) at the same version."""
+        return RemotePath(self.url, self.pins, self.opener, self.transfers)
+
     def opened(self) -> Opened:
-        """The object, opened (and its version pinned) on first use, then the same one."""
+        """The object, opened (and its version pinned) on first use, then the same one.
+
+        The version is pinned in ``pins`` too, shared by every location built from this one
+        (its folder's, a worker's copy): an object opened again later must be that version,
+        or the command refuses it, as a local file that changes while it is read."""
         with self._lock:
             if self._file is None:
                 if self.opener is None:
                     raise InputError("a remote location made without a way to open it", self)
-                self._file = self.opener(self)
+                file = self.opener(self)
+                first = self.pins.setdefault((_VERSION, self.url), file.version)
+                if first != file.version:
+                    raise InputError("changed while it was read (its version is no longer "
+                                     "the one pinned when it was first opened); nothing was "
+                                     "written for it, run again", self)
+                self._file = file
             return self._file
 
     def stat(self) -> RemoteStat:
         file = self.opened()
-        return RemoteStat(file.size, hash(file.version) & (2 ** 63 - 1))
+        digest = hashlib.sha256(file.version.encode()).digest()  # the same in every process
+        return RemoteStat(file.size, int.from_bytes(digest[:8], "big") >> 1)
 
     def exists(self) -> bool:
         return True  # asked only of sources; opening one says plainly if it is missing
@@ -238,3 +263,8 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         file = self.opened()
         return file.read(0, file.size)
+
+
+def _unpickled(url: RemoteURL, pins: dict[Any, Any], opener: Callable[[RemotePath], Opened]
+               | None, timeout: Timeout, connections: int) -> RemotePath:
+    return RemotePath(url, pins, opener, Transfers(timeout, connections=connections))

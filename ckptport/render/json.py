@@ -49,7 +49,7 @@ class JsonFormatter:
                "dst": report.dst, "part": report.part, "exit_code": report.exit_code,
                "counts": report.counts, "bytes_in": report.bytes_in,
                "bytes_out": report.bytes_out, "seconds": round(report.seconds, 3),
-               "files": report.files,
+               "files": report.files, "notes": list(report.notes),
                "not_checkpoints": [{"path": p, "reason": r} for p, r in report.not_checkpoints]}
         return json.dumps(jsonable(doc), indent=2)
 

@@ -62,6 +62,7 @@ class TextFormatter:
                      f"{report.seconds:.1f} s"]
         lines += [f"  failed {f.source}: {f.reason}" for f in report.files
                   if f.status == "failed"]
+        lines += [f"  note: {note}" for note in report.notes]
         if report.not_checkpoints:
             lines.append(f"  {len(report.not_checkpoints)} files are not checkpoints (--format "
                          "json lists them)")

@@ -21,6 +21,7 @@ from ...errors import (
 )
 from ...progress import Progress, no_progress
 from ...readers import open_checkpoint, tag_for, tag_somewhere
+from ...remote.urls import RemotePath
 from ...rules import NormalizeOptions, check_selection
 from .codes import CODES, chosen_codes, dangerous_message, spelled_as
 from .file import FINITE_SCOPES, CheckSettings, FileUnderCheck, Hit, Severity
@@ -52,7 +53,7 @@ class FileResult:
 class Skipped:
     """A file in a checked folder that no checkpoint loader can open."""
 
-    path: Path
+    path: Path | RemotePath
     reason: str
 
 

@@ -21,11 +21,13 @@ single-file promise (verified, atomic, deterministic) holds per file.
   coordination); each part keeps its own journal file.
 - **Interrupted** (Ctrl-C, SIGTERM): files in progress leave nothing
   behind, finished ones stay and are journalled; run again to resume.
-- **A bucket DST_DIR** (``s3://BUCKET/PREFIX/``): each output is uploaded and
-  verified as ``normalize_file`` does for a URL; the journal is one small
-  object per output under ``PREFIX/.ckptport-journal/PART/`` (S3 objects
-  cannot be appended to), and an output counts as still as written while
-  its size and ETag are those recorded.
+- **Remote folders**: SRC_DIR may be a bucket folder (``s3://BUCKET/PREFIX/``)
+  or a hub repository (``hf://ORG/REPO[@REVISION]``), walked from its listing
+  (``readers.discover``) with every object's version pinned when it is first
+  opened: a file that changes after that is refused by name (the others go
+  on), never converted from two versions. DST_DIR may be a bucket folder or a
+  hub repository too (``outputs``: the journal in the bucket; one commit into
+  the hub).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from ...analysis.manifests import options_of
 from ...errors import (
@@ -51,22 +54,20 @@ from ...errors import (
 )
 from ...parallel import workers
 from ...progress import Progress, no_progress
-from ...readers.discover import Found, discover, inside
+from ...readers.discover import Found, Where, discover, folder_of, inside
 from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions
 from ...sources import sha256_files
 from ...tree import TextEnum
 from ...writers.formats import FORMATS, Kind, OutputFormat, by_extension
 from ...writers.plan import file_extension
+from .outputs import JOURNAL_DIR, Entry, HubOutputs, Outputs, outputs_for, stat_files
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
 __all__ = ["FolderOptions", "FileOutcome", "FolderReport", "normalize_folder", "plan_folder",
            "JOURNAL_DIR", "in_part"]
-
-JOURNAL_DIR = ".ckptport-journal"
-
 
 @dataclass(frozen=True)
 class FolderOptions:
@@ -80,6 +81,7 @@ class FolderOptions:
     dry_run: bool = False
     max_expansion: float | None = None  # readers.budget's ratio
     metadata: str = "keep"  # a safetensors source's own metadata: keep or drop
+    create_pr: bool = False  # a hub DST_DIR: one pull request instead of one commit
 
     def key(self) -> str:
         """What decides an output's bytes: a journal entry counts only under the same key."""
@@ -112,12 +114,13 @@ class FileOutcome:
 
 @dataclass(frozen=True)
 class FolderReport:
-    src: Path
-    dst: Path | RemotePath
+    src: Where
+    dst: Where
     files: tuple[FileOutcome, ...]
     not_checkpoints: tuple[tuple[str, str], ...]  # files no loader opens, with the reason
     seconds: float
     part: tuple[int, int] | None = None
+    notes: tuple[str, ...] = ()  # a hub DST_DIR: the commit or pull request made
     counts: dict[str, int] = field(init=False)
     exit_code: int = field(init=False)
 
@@ -157,41 +160,64 @@ def in_part(relative: str, part: tuple[int, int] | None) -> bool:
 _OTHER_EXTENSIONS = (".tar", ".pkl", ".pickle")  # what checkpoints are also named, not written
 
 
-def _output_name(found: Found, src: Path, fmt: OutputFormat) -> str:
+def relative(path: Where, root: Where) -> str:
+    """``path``'s name below the folder ``root`` (``/``-separated, as on every machine)."""
+    if isinstance(path, Path) and isinstance(root, Path):
+        return path.relative_to(root).as_posix()
+    assert isinstance(path, RemotePath) and isinstance(root, RemotePath)
+    return path.url.key[len(folder_of(root).url.key):].rstrip("/")
+
+
+def _output_name(found: Found, src: Where, fmt: OutputFormat) -> str:
     """``a/b/model.pth.tar`` -> ``a/b/model.pth``; a shard set or DCP folder -> its folder."""
-    path = found.path
-    if path.name.endswith(".index.json"):  # the set's weights name, in its folder
-        stem = path.name.removesuffix(".index.json")
-        path = path.with_name(stem)
-    relative = path.relative_to(src).as_posix()
-    name = relative.rsplit("/", 1)[-1]
+    relative_path = relative(found.path, src)
+    if relative_path.endswith(".index.json"):  # the set's weights name, in its folder
+        relative_path = relative_path.removesuffix(".index.json")
+    name = relative_path.rsplit("/", 1)[-1]
     known = by_extension(name)
     other = next((ext for ext in _OTHER_EXTENSIONS if name.lower().endswith(ext)), "")
     extension = known[0] if known else other
     if extension and len(name) > len(extension):
-        relative = relative[:-len(extension)]
-    return relative + (fmt.extension if fmt.kind is Kind.FILE else "")
+        relative_path = relative_path[:-len(extension)]
+    return relative_path + (fmt.extension if fmt.kind is Kind.FILE else "")
 
 
-def _folder(dst: str | os.PathLike[str]) -> Path | RemotePath:
-    """DST_DIR: a local folder, or an ``s3://BUCKET/PREFIX/`` URL (the outputs are uploaded)."""
-    if not is_remote(os.fspath(dst)):
-        return Path(dst)
+def _location(given: str | os.PathLike[str], dst: bool) -> Where:
+    """SRC_DIR or DST_DIR: a local folder, a bucket folder (``s3://BUCKET/PREFIX/``, a URL
+    ending in ``/``) or a hub repository (or a folder of one)."""
+    if not is_remote(os.fspath(given)):
+        return Path(given)
     from ...remote import location
 
-    url = location(dst)
-    if not isinstance(url, RemotePath) or url.url.scheme != "s3" or \
-            not url.url.key.endswith("/") and url.url.key:
-        raise OutputError("folder mode writes to a local folder or s3://BUCKET/PREFIX/ (a "
-                          "URL ending in '/')", url)
-    return url
+    url = location(given)
+    assert isinstance(url, RemotePath)
+    if url.url.scheme == "hf" or url.url.scheme == "s3" and \
+            (not url.url.key or url.url.key.endswith("/")):
+        return url
+    if dst:
+        raise OutputError("folder mode writes to a local folder, s3://BUCKET/PREFIX/ (a URL "
+                          "ending in '/') or hf://ORG/REPO[@BRANCH][/PATH]", url)
+    raise InputError("folder mode reads a local folder, s3://BUCKET/PREFIX/ (a URL ending "
+                     "in '/') or hf://ORG/REPO[@REVISION]", url)
+
+
+def _overlap(src: Where, dst: Where) -> bool:
+    """Whether the two folders lie inside one another (the outputs would be found as
+    sources next time, or overwrite them)."""
+    if isinstance(src, Path) and isinstance(dst, Path):
+        return inside(dst, src) or inside(src, dst)
+    if isinstance(src, RemotePath) and isinstance(dst, RemotePath):
+        a, b = folder_of(src).url, folder_of(dst).url
+        return (a.scheme, a.host, a.repo_type) == (b.scheme, b.host, b.repo_type) and \
+            (a.key.startswith(b.key) or b.key.startswith(a.key))
+    return False
 
 
 _UNWEIGHTED = ("training state (optimizer, scheduler or RNG state), no model weights: not "
                "converted; --select all converts it")
 
 
-def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
+def plan_folder(src: Where, dst: Where, settings: FolderOptions
                 ) -> tuple[list[_Task], list[FileOutcome], list[tuple[str, str]]]:
     """The files of this part to convert, the outcomes the plan decides (collisions, as
     failures; training state, as not converted), and non-checkpoints."""
@@ -199,9 +225,9 @@ def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
     if fmt is None:
         raise OutputError(f"unknown output format {settings.to!r} (known: "
                           f"{', '.join(FORMATS)})", dst)
-    if not src.is_dir():
+    if isinstance(src, Path) and not src.is_dir():
         raise InputError("is not a folder", src)
-    if isinstance(dst, Path) and (inside(dst, src) or inside(src, dst)):
+    if _overlap(src, dst):
         raise OutputError(f"and {src} lie inside one another; write the outputs elsewhere", dst)
     try:
         found = discover(src)
@@ -217,7 +243,7 @@ def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
     decided: list[FileOutcome] = []
     taken: dict[str, str] = {}
     for item in found.checkpoints:
-        source = item.path.relative_to(src).as_posix()
+        source = relative(item.path, src)
         if not in_part(source, settings.part):
             continue
         output = _output_name(item, src, fmt)
@@ -232,178 +258,71 @@ def plan_folder(src: Path, dst: Path | RemotePath, settings: FolderOptions
             decided.append(FileOutcome(source, output, Status.UNWEIGHTED, _UNWEIGHTED, size))
             continue
         tasks.append(_Task(item, source, output, size))
-    others = [(p.relative_to(src).as_posix(), why) for p, why in found.others
-              if in_part(p.relative_to(src).as_posix(), settings.part)]
+    others = [(relative(p, src), why) for p, why in found.others
+              if in_part(relative(p, src), settings.part)]
     return tasks, decided, others
 
 
-# -- the journal ----------------------------------------------------------------------
-
-
-def _journal_path(dst: Path, part: tuple[int, int] | None) -> Path:
-    name = "all.jsonl" if part is None else f"part-{part[0]}-of-{part[1]}.jsonl"
-    return dst / JOURNAL_DIR / name
-
-
-def _read_journals(dst: Path) -> dict[str, dict[str, Any]]:
-    """Every recorded output, by its relative path; the last record wins."""
-    entries: dict[str, dict[str, Any]] = {}
-    folder = dst / JOURNAL_DIR
-    if not folder.is_dir():
-        return entries
-    for journal in sorted(folder.glob("*.jsonl")):
-        try:
-            lines = journal.read_text("utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # a line cut by a crash: that output is redone
-            if isinstance(entry, dict) and isinstance(entry.get("output"), str):
-                entries[entry["output"]] = entry
-    return entries
-
-
-class _LocalOutputs:
-    """DST_DIR on this machine: outputs are files, each part's journal one file."""
-
-    def __init__(self, dst: Path) -> None:
-        self.dst = dst
-
-    def target(self, output: str) -> Path:
-        out = self.dst / output
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return out
-
-    def state(self, output: str) -> dict[str, Any] | None:
-        """What says the output is still as written (None: it is gone)."""
-        out = self.dst / output
-        if not out.exists():
-            return None
-        size, mtime = _stat((out,))
-        return {"out_size": size, "out_mtime_ns": mtime}
-
-    def ready(self) -> None:
-        """Folders are made as outputs are written."""
-
-    def journal(self) -> dict[str, dict[str, Any]]:
-        return _read_journals(self.dst)
-
-    def record(self, part: tuple[int, int] | None, entry: dict[str, Any]) -> None:
-        _append(_journal_path(self.dst, part), entry)
-
-
-class _BucketOutputs:
-    """DST_DIR in a bucket: outputs are objects, the journal an object per output (S3
-    cannot append). Holds only the URL, so it travels to worker processes."""
-
-    def __init__(self, dst: RemotePath) -> None:
-        self.url = str(dst)
-
-    def _store(self) -> Any:
-        from ...remote import location
-        from ...remote.upload import S3Store
-
-        return S3Store(location(self.url))  # type: ignore[arg-type]
-
-    def target(self, output: str) -> str:
-        return self.url + output
-
-    def state(self, output: str) -> dict[str, Any] | None:
-        head = self._store().head(output)
-        return None if head is None else {"out_size": head[0], "out_etag": head[1]}
-
-    def ready(self) -> None:
-        """The bucket is there and in reach, before any file is converted."""
-        self._store().check_bucket()
-
-    def journal(self) -> dict[str, dict[str, Any]]:
-        store = self._store()
-        entries: dict[str, dict[str, Any]] = {}
-        for name in sorted(store.below(f"{JOURNAL_DIR}/")):
-            try:
-                entry = json.loads(store.get(name))
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("output"), str):
-                entries[entry["output"]] = entry
-        return entries
-
-    def record(self, part: tuple[int, int] | None, entry: dict[str, Any]) -> None:
-        folder = _journal_path(Path(), part).name.removesuffix(".jsonl")
-        name = hashlib.sha256(entry["output"].encode()).hexdigest()[:32]
-        self._store().put(f"{JOURNAL_DIR}/{folder}/{name}.json",
-                          json.dumps(entry, sort_keys=True).encode())
-
-
-_Outputs = _LocalOutputs | _BucketOutputs
-
-
-def _outputs(dst: Path | RemotePath) -> _Outputs:
-    return _BucketOutputs(dst) if isinstance(dst, RemotePath) else _LocalOutputs(dst)
-
-
-def _stat(paths: tuple[Path, ...]) -> tuple[int, int]:
-    """Total size and latest mtime of files (a folder output: the files in it)."""
-    size, mtime = 0, 0
-    for path in paths:
-        for file in ([path] if path.is_file() else sorted(p for p in path.rglob("*")
-                                                          if p.is_file())):
-            st = file.stat()
-            size, mtime = size + st.st_size, max(mtime, st.st_mtime_ns)
-    return size, mtime
-
-
-def _done_before(task: _Task, outputs: _Outputs, entry: dict[str, Any] | None,
-                 key: str) -> bool:
+def _done_before(task: _Task, outputs: Outputs, entry: Entry | None, key: str) -> bool:
     if entry is None or entry.get("options") != key or entry.get("source") != task.source:
         return False
     state = outputs.state(task.output)
     if state is None or any(entry.get(k) != v for k, v in state.items()):
         return False
-    if list(_stat(task.found.files)) == [entry.get("size"), entry.get("mtime_ns")]:
-        return True
-    return sha256_files(task.found.files) == entry.get("sha256")  # touched, same bytes
+    if list(stat_files(task.found.files)) == [entry.get("size"), entry.get("mtime_ns")]:
+        return True  # the same size and mtime (a remote object: the same version)
+    local = tuple(p for p in task.found.files if isinstance(p, Path))
+    if len(local) < len(task.found.files):
+        return False  # another version of a remote object: hashing it would fetch it whole
+    return sha256_files(local) == entry.get("sha256")  # touched, same bytes
 
 
 # -- the work -------------------------------------------------------------------------
 
 
-def _convert(task: _Task, src: Path, outputs: _Outputs, settings: FolderOptions
-             ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Done:
+    """What a worker hands back: the file's outcome and, if converted, its journal entry."""
+
+    outcome: FileOutcome
+    entry: Entry | None = None
+
+
+def _convert(task: _Task, outputs: Outputs, settings: FolderOptions) -> _Done:
     """One file, in a worker process: the outcome and the journal entry (if converted)."""
     from .file import normalize_file
 
     start = time.monotonic()
-    before = _stat(task.found.files)
+    before = stat_files(task.found.files)
+    path = task.found.path
     try:
         out = outputs.target(task.output)
-        report = normalize_file(task.found.path, out, settings.options, to=settings.to,
+        # a remote file read afresh (its own spool), at the version the walk pinned
+        report = normalize_file(path.reopened() if isinstance(path, RemotePath) else path,
+                                out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
                                 jobs=1, hash_source=True, metadata=settings.metadata,
-                                max_expansion=settings.max_expansion)
+                                max_expansion=settings.max_expansion,
+                                create_pr=settings.create_pr)
     except CkptportError as exc:
-        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
-                                       " ".join(exc.message.split()), task.size)}
+        reason = " ".join(exc.message.split())
     except OSError as exc:
-        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
-                                       f"cannot write: {exc.strerror or exc}", task.size)}
+        reason = f"cannot write: {exc.strerror or exc}"
     except Exception as exc:  # a bug: reported for this file; the others go on
-        return {"outcome": FileOutcome(task.source, task.output, Status.FAILED,
-                                       f"internal error: {type(exc).__name__}: {exc}",
-                                       task.size)}
-    state = outputs.state(task.output) or {}
-    entry = {"source": task.source, "output": task.output, "options": settings.key(),
-             "sha256": report.source_sha256, "size": before[0], "mtime_ns": before[1],
-             **state}
-    outcome = FileOutcome(task.source, task.output, Status.CONVERTED, "", task.size,
-                          state.get("out_size", 0), time.monotonic() - start)
-    return {"outcome": outcome, "entry": entry}
+        reason = f"internal error: {type(exc).__name__}: {exc}"
+    else:
+        state = outputs.written(out, task.output)
+        entry: Entry = {"source": task.source, "output": task.output,
+                        "options": settings.key(), "sha256": report.source_sha256,
+                        "size": before[0], "mtime_ns": before[1], **state}
+        size = state.get("out_size", 0)
+        return _Done(FileOutcome(task.source, task.output, Status.CONVERTED, "", task.size,
+                                 size if isinstance(size, int) else 0,
+                                 time.monotonic() - start), entry)
+    return _Done(FileOutcome(task.source, task.output, Status.FAILED, reason, task.size))
 
 
-def _stop(signum: int, frame: Any) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds normalize_file: its temp files are removed
 
 
@@ -434,14 +353,14 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         OutputError, OptionError: ``dst`` is unusable (inside ``src``, names a file).
     """
     settings = settings or FolderOptions()
-    src_dir, dst_dir = Path(src), _folder(dst)
+    src_dir, dst_dir = _location(src, dst=False), _location(dst, dst=True)
     start = time.monotonic()
     tasks, outcomes, others = plan_folder(src_dir, dst_dir, settings)
     if settings.dry_run:
         outcomes += [FileOutcome(t.source, t.output, Status.PLANNED, "", t.size) for t in tasks]
         return _report(src_dir, dst_dir, outcomes, others, start, settings)
-    outputs = _outputs(dst_dir)
-    outputs.ready()
+    outputs = outputs_for(dst_dir, settings.create_pr)
+    outputs.ready(settings.part)
     journal = {} if settings.overwrite else outputs.journal()
     key = settings.key()
     todo = []
@@ -455,38 +374,55 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     files_bar = progress("files", len(todo))
     bytes_bar = progress("bytes", sum(t.size for t in todo))
     try:
-        for result in _run(todo, src_dir, outputs, settings):
-            outcome = result["outcome"]
-            outcomes.append(outcome)
-            if "entry" in result:
-                outputs.record(settings.part, result["entry"])
+        for done in _run(todo, outputs, settings):
+            outcomes.append(done.outcome)
+            if done.entry is not None:
+                outputs.record(settings.part, done.entry)
             files_bar(1)
-            bytes_bar(outcome.bytes_in)
+            bytes_bar(done.outcome.bytes_in)
     except KeyboardInterrupt:
         finished = sum(1 for o in outcomes if o.status is Status.CONVERTED)
-        raise KeyboardInterrupt(f"interrupted; {finished} files converted and kept "
-                                "(journalled); nothing else was written; run again to "
-                                "resume") from None
-    return _report(src_dir, dst_dir, outcomes, others, start, settings)
+        kept = "nothing was committed" if isinstance(dst_dir, RemotePath) and \
+            dst_dir.url.scheme == "hf" else f"{finished} files converted and kept (journalled)"
+        raise KeyboardInterrupt(f"interrupted; {kept}; nothing else was written; run again "
+                                "to resume") from None
+    failed = any(o.status is Status.FAILED for o in outcomes)
+    notes = outputs.finish(not failed, f"Convert the checkpoints of {src_dir} with ckptport",
+                           _description(outcomes, settings))
+    if failed and isinstance(outputs, HubOutputs):  # the one commit was not made
+        outcomes = [o if o.status is not Status.CONVERTED else replace(
+            o, status=Status.FAILED, reason="converted and uploaded, not committed: another "
+            "file failed, and one commit holds them all; nothing was committed")
+            for o in outcomes]
+    return _report(src_dir, dst_dir, outcomes, others, start, settings, notes)
 
 
-def _run(todo: list[_Task], src: Path, dst: _Outputs, settings: FolderOptions
-         ) -> Iterator[dict[str, Any]]:
+def _description(outcomes: list[FileOutcome], settings: FolderOptions) -> str:
+    """A hub commit's words for a folder: each file from its source, and how."""
+    from ..._version import __version__
+
+    lines = [f"- {o.source} -> {o.output}" for o in sorted(outcomes, key=lambda o: o.source)
+             if o.status is Status.CONVERTED]
+    return "\n".join([*lines, f"Options: {settings.key()}",
+                      f"Written and verified bit for bit by ckptport {__version__}."])
+
+
+def _run(todo: list[_Task], dst: Outputs, settings: FolderOptions) -> Iterator[_Done]:
     """Outcomes as they finish; biggest files first, so a big one does not end alone."""
     order = sorted(todo, key=lambda t: -t.size)
     count = min(workers(settings.jobs), len(order))
     if count <= 1:
         for task in order:
-            yield _convert(task, src, dst, settings)
+            yield _convert(task, dst, settings)
         return
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # not at start-up
 
     with ProcessPoolExecutor(max_workers=count, initializer=_quiet_worker) as pool:
-        pending: set[Future[dict[str, Any]]] = set()
+        pending: set[Future[_Done]] = set()
         queue = iter(order)
         try:
             for task in queue:  # keep every worker busy, no more queued than that
-                pending.add(pool.submit(_convert, task, src, dst, settings))
+                pending.add(pool.submit(_convert, task, dst, settings))
                 if len(pending) >= count:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     yield from (future.result() for future in done)
@@ -506,17 +442,8 @@ def _run(todo: list[_Task], src: Path, dst: _Outputs, settings: FolderOptions
             raise
 
 
-def _append(log: Path, entry: dict[str, Any]) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _report(src: Path, dst: Path | RemotePath, outcomes: list[FileOutcome],
+def _report(src: Where, dst: Where, outcomes: list[FileOutcome],
             others: list[tuple[str, str]], start: float,
-            settings: FolderOptions) -> FolderReport:
+            settings: FolderOptions, notes: tuple[str, ...] = ()) -> FolderReport:
     return FolderReport(src, dst, tuple(sorted(outcomes, key=lambda o: o.source)),
-                        tuple(others), time.monotonic() - start, settings.part)
-
+                        tuple(others), time.monotonic() - start, settings.part, notes)
