@@ -16,6 +16,7 @@ listed tensors and equal to the subject's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,15 +42,15 @@ class Attestation:
 
     path: Path
     manifest: Manifest
-    derivation: dict[str, Any] | None
+    derivation: dict[str, Any] | None  # Any: parsed JSON, its fields checked on reading
     by: str
 
 
-def weights_predicate(made: Manifest, derivation: dict[str, Any] | None = None
-                      ) -> dict[str, Any]:
+def weights_predicate(made: Manifest, derivation: Mapping[str, object] | None = None
+                      ) -> dict[str, object]:
     import json
 
-    predicate: dict[str, Any] = json.loads(made.to_json())
+    predicate: dict[str, object] = json.loads(made.to_json())
     if derivation is not None:
         predicate["derivation"] = derivation
     return predicate
@@ -87,14 +88,14 @@ def read_attestation(signed: SignedStatement) -> Attestation:
     return Attestation(where, made, derivation, signed.by)
 
 
-def _known(doc: dict[str, Any], fields: set[str], where: str, path: Path) -> None:
+def _known(doc: Mapping[str, object], fields: set[str], where: str, path: Path) -> None:
     unknown = sorted(set(doc) - fields)
     if unknown:
         raise SignatureError(f"weights attestation has an unknown field {where}.{unknown[0]}",
                              path)
 
 
-def _exact(value: Any, path: Path) -> Any:
+def _exact(value: Any, path: Path) -> Any:  # Any: parsed JSON, in and out
     """The predicate with its integral numbers as ints (protobuf writes every number as a
     double); a number that is not exactly an integer is kept as a float."""
     if isinstance(value, dict):

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SignatureError
-from .keys import SigningKey, TrustedKeys, cause, library
+from .keys import SigningKey, TrustedKeys, cause, need_library
+
+if TYPE_CHECKING:
+    from model_signing._signing.signing import Payload, Signer
 
 __all__ = ["SignedStatement", "open_statement", "sign_statement", "signed_bundle",
            "IN_TOTO_STATEMENT", "OMS_PREDICATE"]
@@ -34,7 +38,7 @@ class SignedStatement:
     """A statement whose signature verified: ``by`` says with what."""
 
     path: Path
-    statement: dict[str, Any]
+    statement: dict[str, Any]  # Any: parsed JSON, its fields checked as it is read
     by: str
 
     @property
@@ -45,12 +49,12 @@ class SignedStatement:
 class _Statement:
     """What ``model_signing``'s signers sign: an object with an in-toto ``statement``."""
 
-    def __init__(self, statement: Any) -> None:
+    def __init__(self, statement: object) -> None:
         self.statement = statement
 
 
 def sign_statement(key: SigningKey, subject_name: str, digest: str, predicate_type: str,
-                   predicate: dict[str, Any], signer: Any = None) -> str:
+                   predicate: Mapping[str, object], signer: Signer | None = None) -> str:
     """The JSON of a bundle signing an in-toto statement about ``digest`` (sha256)."""
     from in_toto_attestation.v1 import statement
 
@@ -61,27 +65,34 @@ def sign_statement(key: SigningKey, subject_name: str, digest: str, predicate_ty
     return signed_bundle(signer or key.signer(), _Statement(made))
 
 
-def signed_bundle(signer: Any, payload: Any) -> str:
-    """The bundle JSON of ``signer`` signing ``payload``; a failure (Sigstore's services out
-    of reach, a token refused) is a ``SignatureError`` naming the cause."""
+def signed_bundle(signer: Signer, payload: Payload | _Statement) -> str:
+    """The bundle JSON of ``signer`` signing ``payload`` (a ``_Statement`` is what a signer
+    reads of a ``Payload``: its ``statement``); a failure (Sigstore's services out of reach,
+    a token refused) is a ``SignatureError`` naming the cause."""
+    from model_signing._signing import sign_sigstore, sign_sigstore_pb
+
     try:
-        return str(signer.sign(payload).bundle.to_json())
+        signature = signer.sign(payload)  # type: ignore[arg-type]  # see above
     except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
         raise SignatureError(f"signing failed: {cause(exc)}") from None
+    assert isinstance(signature, (sign_sigstore.Signature, sign_sigstore_pb.Signature))
+    return str(signature.bundle.to_json())
 
 
 def open_statement(path: str | os.PathLike[str], trusted: TrustedKeys) -> SignedStatement:
     """The statement ``path``'s bundle signs, once its signature verifies with ``trusted``;
     ``SignatureError`` naming the file and the cause otherwise."""
     target = Path(path)
-    lib = library()
+    need_library()
+    from model_signing._signing import sign_sigstore, sign_sigstore_pb
+
     try:
         size = target.stat().st_size
     except OSError:
         raise SignatureError("no such signature file", target) from None
     if size > MAX_BUNDLE_BYTES:
         raise SignatureError(f"is {size} bytes, too large for a signature", target)
-    kind = lib.sigstore.Signature if trusted.keyless else lib.sigstore_pb.Signature
+    kind = sign_sigstore.Signature if trusted.keyless else sign_sigstore_pb.Signature
     try:
         signature = kind.read(target)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -97,6 +108,7 @@ def open_statement(path: str | os.PathLike[str], trusted: TrustedKeys) -> Signed
     raise SignatureError("the signature does not verify (" + "; ".join(failures) + ")", target)
 
 
+# Any: the parsed JSON statement, its shape checked here, its fields read by its users
 def _statement(payload_type: str, payload: bytes, target: Path) -> dict[str, Any]:
     if payload_type != IN_TOTO_PAYLOAD:
         raise SignatureError(f"the envelope holds {payload_type!r}, not an in-toto statement",

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, SignatureError
 from .bundles import SignedStatement
-from .keys import cause, library
+from .keys import cause, need_library
 from .onepass import TensorRanges, tapped_config
+
+if TYPE_CHECKING:
+    from model_signing import hashing, manifest
+    from model_signing._signing.signing import Payload
 
 __all__ = ["FILE_HASHES", "FilesComparison", "files_payload", "compare_files", "hash_model"]
 
@@ -42,7 +46,7 @@ class FilesComparison:
         return not (self.added or self.removed or self.changed)
 
 
-def hash_model(model: Path, config: Any) -> Any:
+def hash_model(model: Path, config: hashing.Config) -> manifest.Manifest:
     """``model_signing``'s manifest of ``model``'s files under ``config``; a file it cannot
     hash (a symlink, a special file) is an ``InputError`` naming the model."""
     try:
@@ -52,18 +56,20 @@ def hash_model(model: Path, config: Any) -> Any:
 
 
 def files_payload(model: Path, ignored: Iterable[Path], algorithm: str,
-                  ranges: TensorRanges | None = None, jobs: int | None = None) -> Any:
+                  ranges: TensorRanges | None = None, jobs: int | None = None) -> Payload:
     """``model_signing``'s payload over ``model``'s files, ``ignored`` (relative) left out
     with the git files, as ``model_signing sign`` leaves them out. With ``ranges`` (sha256
     only) each file is read once and the tensors lying in it are hashed on the way, their
     digests left in ``ranges.done`` (``onepass``)."""
+    need_library()
     from model_signing import hashing
+    from model_signing._signing import signing
 
     config = tapped_config(ranges, jobs) if ranges is not None else \
         hashing.Config().use_file_serialization(
             hashing_algorithm=algorithm)  # type: ignore[arg-type]  # one of FILE_HASHES
     config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
-    return library().signing.Payload(hash_model(model, config))
+    return signing.Payload(hash_model(model, config))
 
 
 def compare_files(model: Path, signed: SignedStatement, ranges: TensorRanges | None = None,
@@ -71,11 +77,12 @@ def compare_files(model: Path, signed: SignedStatement, ranges: TensorRanges | N
     """``model``'s files now against an OMS statement (verified); with ``ranges``, a
     signature over whole files in sha256 is checked by the read that also hashes the
     tensors lying in them (``onepass``)."""
+    need_library()
     from model_signing import hashing
+    from model_signing._signing import signing
 
-    lib = library()
     try:
-        expected = lib.signing.dsse_payload_to_manifest(signed.statement)
+        expected = signing.dsse_payload_to_manifest(signed.statement)
         args = dict(expected.serialization_type)
         method = args["method"]
         common = {"hashing_algorithm": args["hash_type"],

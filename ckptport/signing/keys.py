@@ -19,19 +19,23 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import OptionError, SignatureError
 
-__all__ = ["SigningKey", "TrustedKeys", "library", "SIGN_EXTRA", "cause"]
+if TYPE_CHECKING:
+    from model_signing._signing.signing import Signer, Verifier
+
+__all__ = ["SigningKey", "TrustedKeys", "need_library", "SIGN_EXTRA", "cause"]
 
 SIGN_EXTRA = "pip install 'ckptport[sign]'"
 
 
-def library() -> Any:
-    """``model_signing``'s signing internals, or an ``OptionError`` saying how to get them."""
+def need_library() -> None:
+    """An ``OptionError`` saying how to get ``model_signing``'s signing internals, unless
+    they import (each user then imports the modules it calls: loaded once, here)."""
     try:
-        from model_signing._signing import (
+        from model_signing._signing import (  # noqa: F401 (imported to be there)
             sign_certificate,
             sign_ec_key,
             sign_sigstore,
@@ -41,16 +45,6 @@ def library() -> Any:
     except ImportError as exc:
         raise OptionError(f"signing needs the model_signing library ({exc.name} is missing): "
                           f"{SIGN_EXTRA}") from None
-    return _Library(signing, sign_ec_key, sign_certificate, sign_sigstore, sign_sigstore_pb)
-
-
-@dataclass(frozen=True)
-class _Library:
-    signing: Any
-    ec_key: Any
-    certificate: Any
-    sigstore: Any
-    sigstore_pb: Any
 
 
 def cause(exc: BaseException) -> str:
@@ -81,13 +75,15 @@ class SigningKey:
             raise OptionError("a certificate chain needs the signing certificate "
                               "(--certificate)")
 
-    def signer(self) -> Any:
-        lib = library()
+    def signer(self) -> Signer:
+        need_library()
+        from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore
+
         if self.sigstore:
             try:
-                return lib.sigstore.Signer(identity_token=self.identity_token,
-                                           use_staging=self.staging,
-                                           use_ambient_credentials=self.identity_token is None)
+                return sign_sigstore.Signer(identity_token=self.identity_token,
+                                            use_staging=self.staging,
+                                            use_ambient_credentials=self.identity_token is None)
             except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
                 raise SignatureError(f"Sigstore keyless signing is not available: "
                                      f"{cause(exc)}") from None
@@ -98,9 +94,10 @@ class SigningKey:
             _readable(key, *((self.certificate,) if self.certificate else ()), *self.chain)
             password = None if self.password is None else self.password.encode()
             if self.certificate is None:
-                return lib.ec_key.Signer(key, password)
+                # model_signing annotates the password str; cryptography reads bytes
+                return sign_ec_key.Signer(key, password)  # type: ignore[arg-type]
             where = self.certificate
-            signer = lib.certificate.Signer(key, self.certificate, self.chain)
+            signer = sign_certificate.Signer(key, self.certificate, self.chain)
         except SignatureError:
             raise
         except (ValueError, TypeError) as exc:
@@ -133,13 +130,16 @@ class TrustedKeys:
     def keyless(self) -> bool:
         return self.identity is not None
 
-    def verifiers(self) -> Iterator[tuple[str, Any]]:
+    def verifiers(self) -> Iterator[tuple[str, Verifier]]:
         """(what it is, a ``model_signing`` verifier) for each trusted key or chain."""
-        lib = library()
+        need_library()
+        from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore
+
         if self.keyless:
+            assert self.identity is not None and self.issuer is not None  # __post_init__
             try:
-                keyless = lib.sigstore.Verifier(identity=self.identity, oidc_issuer=self.issuer,
-                                                use_staging=self.staging)
+                keyless = sign_sigstore.Verifier(identity=self.identity, oidc_issuer=self.issuer,
+                                                 use_staging=self.staging)
             except Exception as exc:  # noqa: BLE001 (the network and each library raise their own)
                 raise SignatureError(f"Sigstore verification is not available: "
                                      f"{cause(exc)}") from None
@@ -148,7 +148,7 @@ class TrustedKeys:
         if self.roots:
             _readable(*self.roots)
             try:
-                chain = lib.certificate.Verifier(self.roots)
+                chain = sign_certificate.Verifier(self.roots)
             except (ValueError, TypeError) as exc:
                 raise SignatureError(f"not a PEM certificate: {cause(exc)}",
                                      self.roots[0]) from None
@@ -157,7 +157,7 @@ class TrustedKeys:
         for key in self.public_keys:
             _readable(key)
             try:
-                verifier = lib.ec_key.Verifier(key)
+                verifier = sign_ec_key.Verifier(key)
             except (ValueError, TypeError) as exc:
                 raise SignatureError(f"not a usable public key: {cause(exc)}", key) from None
             yield f"public key {key}", verifier

@@ -25,11 +25,14 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..parallel import workers
 from ..tensors import ViewKey, file_range, view_key
-from ..tree import iter_tensors
+from ..tree import Tree, iter_tensors
+
+if TYPE_CHECKING:
+    from model_signing import hashing
 
 __all__ = ["TensorRanges", "tapped_config"]
 
@@ -40,7 +43,7 @@ FileKey = tuple[int, int]  # (st_dev, st_ino): a file however its path is spelle
 class TensorRanges:
     """The tensors of a tree that lie verbatim in files, by file; their digests as hashed."""
 
-    def __init__(self, tree: Any) -> None:
+    def __init__(self, tree: Tree) -> None:
         self.by_file: dict[FileKey, list[tuple[int, int, ViewKey]]] = {}
         seen: set[ViewKey] = set()
         for _, leaf in iter_tensors(tree):
@@ -104,7 +107,7 @@ def _hash_file(path: Path, ranges: TensorRanges, lanes: int) -> bytes:
     return file_sha.digest()
 
 
-def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
+def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> hashing.Config:
     """A ``model_signing`` hashing config over files with sha256 whose hasher reads each
     file once and hashes the tensors lying in it into ``ranges`` on the way."""
     from model_signing import hashing
@@ -128,7 +131,7 @@ def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> Any:
         def digest_size(self) -> int:
             return 32
 
-        def compute(self) -> Any:
+        def compute(self) -> engines.Digest:
             return engines.Digest("sha256", _hash_file(self._path, ranges, lanes))
 
     config = hashing.Config()  # type: ignore[no-untyped-call]
