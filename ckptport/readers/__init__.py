@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
@@ -34,7 +34,17 @@ from ..tensors import to_torch
 from ..tree import SCALARS, is_tensor, map_tree
 from ..unpickle.values import Device, Size
 from . import budget
-from .base import Layout, LayoutReader, Names, NotDescribable, Reader, ReadOptions, Source
+from .base import (
+    Layout,
+    LayoutReader,
+    Loader,
+    Names,
+    NotDescribable,
+    Reader,
+    ReadOptions,
+    Source,
+    Where,
+)
 from .dcp import DcpReader
 from .deepspeed import DeepSpeedReader
 from .folders import ModelFolder, TrainingState, listing, not_one_checkpoint
@@ -52,13 +62,15 @@ from .verl import VerlReader
 if TYPE_CHECKING:
     import torch
 
+    from ..remote import RemotePath
+
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
            "NotDescribable", "layout_of", "is_checkpoint_folder", "is_folder_of_checkpoints",
            "check_named", "tag_for", "tag_somewhere"]
 
 
-def layout_of(folder: Any, names: Names, name: str | None = None, tag: str | None = None
+def layout_of(folder: Where, names: Names, name: str | None = None, tag: str | None = None
               ) -> Layout | None:
     """What ``folder`` (``names`` its entries) or its file ``name`` (``names`` None) is as
     one checkpoint: the first layout of ``READERS`` that names it; None: no layout's.
@@ -100,23 +112,28 @@ def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
     return source_of(given, layout)
 
 
-def source_of(given: Any, layout: Layout | None) -> Source:
+def source_of(given: Where, layout: Layout | None) -> Source:
     """The source a layout names (its files, read by its reader), or the file ``given``
-    (or the layout's one file) opened, its container sniffed from its bytes."""
+    (or the layout's one file) opened, its container sniffed from its bytes.
+
+    A ``Source`` holds a remote path as the ``Path`` it stands for (``readers.remote``):
+    path-like, it is named in messages and facts as a local one is."""
     from ..containers.sniff import sniff
 
     if layout is not None and layout.many is not None:
         raise InputError(layout.many, given)
+    where = cast(Path, given)
     if layout is not None and layout.reader is not None:
-        return Source(given, layout.main, layout.files, layout.format, index=layout.index,
-                      layout=layout)
+        return Source(where, cast(Path, layout.main), cast("tuple[Path, ...]", layout.files),
+                      layout.format, index=layout.index, layout=layout)
     if layout is None and given.is_dir():
-        raise not_one_checkpoint(given)
-    target = given if layout is None else layout.main
-    file = target.opened() if not isinstance(target, Path) else open_source(target)
+        raise not_one_checkpoint(where)
+    target = where if layout is None else cast(Path, layout.main)
+    file = open_source(target) if isinstance(target, Path) else \
+        cast("RemotePath", target).opened()
     fmt = sniff(file)
     check_named(target, fmt)
-    return Source(given, target, (target,), fmt, file, layout=layout)
+    return Source(where, target, (target,), fmt, file, layout=layout)
 
 
 def check_named(target: Path, fmt: Format | None) -> None:
@@ -193,9 +210,9 @@ READERS: tuple[Reader | LayoutReader, ...] = (
     HfShardsReader(), ShardsReader(_load_file), ModelFolder())
 
 
-def _reader_for(source: Source) -> Reader:
+def _reader_for(source: Source) -> Loader:
     if source.layout is not None and source.layout.reader is not None:
-        return source.layout.reader  # type: ignore[no-any-return]
+        return source.layout.reader
     for reader in READERS:
         if not isinstance(reader, LayoutReader) and reader.claims(source):
             return reader

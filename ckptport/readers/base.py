@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
@@ -28,11 +28,17 @@ from .budget import largest
 
 if TYPE_CHECKING:
     from ..containers.shard_index import ShardIndex
+    from ..remote import RemotePath
 
-__all__ = ["ReadOptions", "Layout", "Source", "Reader", "LayoutReader", "Names", "refusal",
+__all__ = ["ReadOptions", "Layout", "Source", "Loader", "Reader", "LayoutReader", "Names",
+           "Where", "refusal",
            "pickle_facts", "NotDescribable"]
 
 _T = TypeVar("_T")
+
+Where: TypeAlias = "Path | RemotePath"
+"""Where a source or a searched file is: on this machine, or remote (``hf://``, ``s3://``,
+path-like: ``name``, ``parent``, ``/``; read by range)."""
 
 # a folder's entries by name: files as named, folders with a trailing "/"; None where a
 # file was named (a layout named by one file, a shard index, needs no listing)
@@ -68,14 +74,14 @@ class Layout:
     RNG state: folder mode skips them unless ``--select all``).
     """
 
-    main: Any  # Path, or a remote path
-    files: tuple[Any, ...]
-    reader: Any = None  # a LayoutReader, or None
+    main: Where
+    files: tuple[Where, ...]
+    reader: Loader | None = None
     format: Format | None = None
     tag: str | None = None
-    quiet: tuple[Any, ...] = ()
+    quiet: tuple[Where, ...] = ()
     many: str | None = None
-    unweighted: tuple[Any, ...] = ()
+    unweighted: tuple[Where, ...] = ()
     index: ShardIndex | None = None
 
 
@@ -108,16 +114,20 @@ class NotDescribable(Exception):
     """The reader cannot describe this source without torch: read it with torch instead."""
 
 
-class Reader(Protocol):
+class Loader(Protocol):
+    """What loads a source: a container format's ``Reader``, or the reader a ``Layout`` names."""
+
+    def load(self, source: Source, options: ReadOptions) -> Checkpoint:
+        """The checkpoint, tensors described where the format allows (torch-free)."""
+        ...
+
+
+class Reader(Loader, Protocol):
     """One container format: which files it claims, from their bytes, and how it loads them."""
 
     format: Format
 
     def claims(self, source: Source) -> bool: ...
-
-    def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        """The checkpoint, tensors described where the format allows (torch-free)."""
-        ...
 
 
 @runtime_checkable
@@ -131,7 +141,7 @@ class LayoutReader(Protocol):
     The layout's ``reader`` then loads the source.
     """
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None: ...
 
 

@@ -38,7 +38,7 @@ from ..sources import MemorySource, check_regular
 from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
 from .assembled import check_tiling
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import or_problem
 
 __all__ = ["DcpReader", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
@@ -287,7 +287,7 @@ class DcpReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A DCP folder: its ``.metadata``, or ``*.distcp`` data files that lost it (one
         checkpoint either way; reading the second is an error naming what is missing), and

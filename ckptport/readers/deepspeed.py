@@ -31,12 +31,12 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..tree import Tree
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 from .zero import Branch, require_dict, stage0_fp32, zero_fp32
 
@@ -219,7 +219,7 @@ class DeepSpeedReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A DeepSpeed save folder (``latest``), a tag folder, or Lightning's (``checkpoint/``):
         the tag's rank files (``tag`` or the one ``latest`` names)."""

@@ -30,10 +30,10 @@ from ..containers.sniff import sniff
 from ..errors import CkptportError, InputError
 from ..remote.urls import RemotePath
 from ..sources import SourceFile, open_source
+from .base import Where
 
 __all__ = ["Found", "Discovery", "discover", "inside", "Where", "folder_of"]
 
-Where = Path | RemotePath  # a file or folder searched: on this machine, or remote
 
 @dataclass(frozen=True)
 class Found:
@@ -132,8 +132,8 @@ def discover(root: Where) -> Discovery:
 
     found = Discovery()
     covered: set[Where] = set()
-    quiet: set[Path] = set()
-    unweighted: set[Path] = set()
+    quiet: set[Where] = set()
+    unweighted: set[Where] = set()
 
     def take(path: Where, folder: Where, names: frozenset[str] | None, name: str | None
              ) -> None:

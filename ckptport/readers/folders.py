@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any
 
 from ..errors import InputError
-from .base import Layout, Names
+from .base import Layout, Names, Where
 
 __all__ = ["ModelFolder", "TrainingState", "listing", "not_one_checkpoint", "WEIGHT_FILES",
            "TRAINING_STATE"]
@@ -50,14 +49,15 @@ def listing(folder: Path) -> frozenset[str]:
         raise InputError.from_os_error(exc, folder) from None
 
 
-def _companions(folder: Any, names: frozenset[str], taken: str) -> tuple[Any, ...]:
+def _companions(folder: Where, names: frozenset[str], taken: str
+                ) -> tuple[Where, ...]:
     return tuple(folder / n for n in sorted(names) if n != taken and _matches(n, COMPANIONS))
 
 
 class ModelFolder:
     """A model folder: its one weights file (safetensors first, as libraries load it)."""
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         chosen = next((n for n in WEIGHT_FILES if names is not None and n in names), None)
         if chosen is None:
@@ -70,7 +70,7 @@ class TrainingState:
     """An accelerate ``save_state`` folder: the model beside the training state, a folder of
     checkpoints."""
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         state = _training_state(names or frozenset())
         if not state:
@@ -93,7 +93,7 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def not_one_checkpoint(folder: Any) -> InputError:
+def not_one_checkpoint(folder: Where) -> InputError:
     """Why a folder that no layout names cannot be read as one checkpoint: what it holds,
     and what to do that fits every command that reads one checkpoint."""
     names = sorted(listing(folder)) if isinstance(folder, Path) else []

@@ -32,7 +32,7 @@ from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.safetensors import parse_header
 from ..sources import open_source
 from .assembled import Box, assemble
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import LayoutError, layout_problem
 from .safetensors import SHARD_FILE, sharding_offsets, tensors_of
 
@@ -57,7 +57,7 @@ class HfShardsReader:
 
     format = FORMAT
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """The folder's shard files, when it holds any (``sharded/`` of a consolidated save,
         or the save folder itself); other checkpoint files beside them make it a folder of

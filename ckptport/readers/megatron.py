@@ -34,7 +34,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..sources import check_regular
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .dcp import METADATA_FILE, DcpReader
 from .folders import listing
 from .layouts import LayoutError, merged_facts, or_problem
@@ -71,7 +71,7 @@ class MegatronReader(DcpReader):
     format = FORMAT
     records = RECORDS
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """The save folder's files; for a NeMo 2 folder (``context/`` and ``weights/``) those
         of ``weights/``, its context named as holding no checkpoint."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .deepspeed import LATEST, tag_folder
 from .layouts import LayoutError, merged_facts, missing_ranks, or_problem
 from .ranks import one_claim
@@ -45,7 +45,7 @@ class PipelineReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A tag folder holding ``layer_XX-…model_states.pt`` files, or the save folder whose
         ``latest`` (or ``tag``) names one: its layer files."""

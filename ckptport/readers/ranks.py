@@ -18,14 +18,14 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..checkpoint import Checkpoint, Format
 from ..tensors import view_key
 from ..tree import rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Box, TilingError, assemble, shard_box
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
 __all__ = ["RankFilesReader", "rank_files", "claimed", "one_claim", "one_rank", "FORMAT"]
@@ -34,6 +34,13 @@ FORMAT = Format("rank-files")
 _RANK = re.compile(r"(?i)(.*?rank[_-]?)([0-9]+)(.*\.(?:pt|pth|bin))")  # ASCII digits only
 
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
+_Where = TypeVar("_Where", bound="_Folder")
+
+
+class _Folder(Protocol):
+    """A local folder or a remote one: what ``/`` makes of a name is of its kind."""
+
+    def __truediv__(self: _Where, name: str) -> _Where: ...
 
 
 def rank_files(folder: Path, names: frozenset[str]) -> dict[int, Path] | None:
@@ -45,10 +52,10 @@ def rank_files(folder: Path, names: frozenset[str]) -> dict[int, Path] | None:
     return None if claims is None else {rank: paths[0] for rank, paths in claims.items()}
 
 
-def claimed(folder: Path, names: frozenset[str]) -> dict[int, list[Path]] | None:
+def claimed(folder: _Where, names: frozenset[str]) -> dict[int, list[_Where]] | None:
     """Every name of the folder's one set of rank files, by the rank number it spells
     (leading zeros and all); None when its checkpoint files are not one such set."""
-    sets: dict[tuple[str, str], dict[int, list[Path]]] = {}
+    sets: dict[tuple[str, str], dict[int, list[_Where]]] = {}
     others = 0
     for name in sorted(names):
         match = _RANK.fullmatch(name)
@@ -126,7 +133,7 @@ class RankFilesReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A folder whose checkpoint files are one set of rank files."""
         claims = None if names is None else claimed(folder, names)

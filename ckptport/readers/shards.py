@@ -20,7 +20,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .budget import largest as biggest
 from .layouts import LayoutError, layout_problem
 
@@ -82,7 +82,7 @@ class ShardsReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A ``*.index.json`` named, or the one in ``folder``: the index and its shards."""
         if names is not None:

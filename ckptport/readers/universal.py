@@ -27,7 +27,7 @@ from ..dtypes import DTYPES
 from ..errors import InputError
 from ..tensors import Pending
 from ..tree import is_tensor
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import LayoutError, merged_facts, or_problem
 
 __all__ = ["UniversalReader", "FORMAT"]
@@ -47,7 +47,7 @@ class UniversalReader:
     def __init__(self, load_file: LoadFile) -> None:
         self.load_file = load_file
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A folder holding ``zero/`` and rank 0's model states: the states and every
         ``zero/NAME/fp32.pt``."""

@@ -16,10 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint import Checkpoint, Format
-from .base import Layout, Names, ReadOptions, Source
+from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import LayoutError, missing_ranks, or_problem
 from .ranks import RankFilesReader, one_claim
 
@@ -36,7 +35,7 @@ class VerlReader:
     def __init__(self, ranks: RankFilesReader) -> None:
         self.ranks = ranks
 
-    def layout(self, folder: Any, names: Names, name: str | None, tag: str | None
+    def layout(self, folder: Where, names: Names, name: str | None, tag: str | None
                ) -> Layout | None:
         """A folder of ``model_world_size_N_rank_R.pt`` files: those files; the optimizer
         and extra state beside them hold no model weights."""
