@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..compare import TensorDelta, Tolerance, compare_tensor, leaf_equal
@@ -32,7 +31,7 @@ from ..errors import RuleError
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions, apply_rules, check_selection
 from ..tensors import nbytes, view_key
-from ..tree import children
+from ..tree import TensorLeaf, Tree, children
 from .manifests import ManifestComparison
 
 __all__ = ["DiffReport", "DtypeMismatch", "HashMismatch", "LeafMismatch", "ShapeMismatch",
@@ -146,7 +145,7 @@ def format_number(value: float) -> str:
 
 
 def prepare(checkpoint: Checkpoint, options: NormalizeOptions | None, raw: bool
-            ) -> tuple[Side, dict[KeyPath, Any]]:
+            ) -> tuple[Side, dict[KeyPath, Tree]]:
     """Normalize (unless raw) and flatten one side."""
     notes: tuple[str, ...] = ()
     if not raw:
@@ -196,14 +195,14 @@ def _option(exc: RuleError) -> str:
     return exc.message.partition(": ")[0]
 
 
-def compare_sides(side_a: Side, leaves_a: dict[KeyPath, Any], side_b: Side,
-                  leaves_b: dict[KeyPath, Any], tolerance: Tolerance, raw: bool,
+def compare_sides(side_a: Side, leaves_a: dict[KeyPath, Tree], side_b: Side,
+                  leaves_b: dict[KeyPath, Tree], tolerance: Tolerance, raw: bool,
                   progress: Progress = no_progress) -> DiffReport:
     """Leaves matched by path: plain values by value, tensors by shape, dtype and values."""
     shapes: list[ShapeMismatch] = []
     dtypes: list[DtypeMismatch] = []
     leaves: list[LeafMismatch] = []
-    pairs: list[tuple[str, Any, Any]] = []  # to compare by value
+    pairs: list[tuple[str, TensorLeaf, TensorLeaf]] = []  # to compare by value
     tensors_compared = 0
     for path, value_a in leaves_a.items():
         if path not in leaves_b:
@@ -259,7 +258,7 @@ def from_manifests(side_a: Side, side_b: Side, comparison: ManifestComparison,
         dtype_mismatches=tuple(dtypes), hash_mismatches=tuple(hashes))
 
 
-def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]
+def _one_side(mine: dict[KeyPath, Tree], theirs: dict[KeyPath, Tree]
               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Paths only in ``mine``: (differences, names tied to a tensor both sides hold)."""
     shared = {view_key(v) for p, v in mine.items() if p in theirs and is_tensor(v)}
@@ -274,7 +273,7 @@ def _one_side(mine: dict[KeyPath, Any], theirs: dict[KeyPath, Any]
     return tuple(only), tuple(tied)
 
 
-def _leaves(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
+def _leaves(tree: Tree, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Tree]]:
     """Every leaf (tensor or plain value) with its path; empty containers are leaves."""
     entries = None if is_tensor(tree) else children(tree)
     if entries:
@@ -284,21 +283,21 @@ def _leaves(tree: Any, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Any]]:
         yield prefix, tree
 
 
-def _same_leaf(a: Any, b: Any) -> bool:
+def _same_leaf(a: Tree, b: Tree) -> bool:
     """Plain values by type and value (NaN equals NaN); any two empty dicts are equal."""
     if is_tensor(a) or is_tensor(b):
         return False
     return (isinstance(a, dict) and isinstance(b, dict)) or leaf_equal(a, b)
 
 
-def _describe(value: Any) -> str:
+def _describe(value: Tree) -> str:
     if is_tensor(value):
         return f"tensor {_dtype(value)}{list(value.shape)}"
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _dtype(tensor: Any) -> str:
+def _dtype(tensor: TensorLeaf) -> str:
     return dtype_of(tensor).name
 
 

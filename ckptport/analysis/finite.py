@@ -11,7 +11,7 @@ are checked, so a Lightning callback's ``kth_value=inf`` is not a finding;
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..checkpoint import Checkpoint, format_path
 from ..dtypes import DType, dtype_of
@@ -20,16 +20,23 @@ from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions
 from ..rules.select import Select
 from ..tensors import chunks, nbytes
-from ..tree import iter_tensors
+from ..tree import KeyPath, TensorLeaf, iter_tensors
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+# a test of raw words (the bit patterns of one dtype), true where a value is not finite
+BitTest: TypeAlias = "Callable[[npt.NDArray[np.uint8 | np.uint16]], npt.NDArray[np.bool_]]"
 
 __all__ = ["non_finite", "count_non_finite"]
 
 
-def _bits(mask: int, value: int) -> Callable[[Any], Any]:
+def _bits(mask: int, value: int) -> BitTest:
     return lambda words: (words & mask) == value
 
 
-_BIT_TESTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+_BIT_TESTS: dict[str, tuple[str, BitTest]] = {
     "bfloat16": ("<u2", _bits(0x7F80, 0x7F80)),
     "float8_e5m2": ("u1", _bits(0x7C, 0x7C)),
     "float8_e4m3fn": ("u1", _bits(0x7F, 0x7F)),
@@ -39,7 +46,7 @@ _BIT_TESTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
-def count_non_finite(leaf: Any) -> int:
+def count_non_finite(leaf: TensorLeaf) -> int:
     """How many of a floating-point leaf's values are NaN or infinite."""
     import numpy as np
 
@@ -60,7 +67,7 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
     """(key, message) for every tensor with non-finite values, in the chosen scope;
     tensors are read on ``jobs`` threads (numpy releases the GIL)."""
     tree = checkpoint.tree
-    prefix: tuple[Any, ...] = ()
+    prefix: KeyPath = ()
     if scope == "weights":
         picked, result = Select(options.select, options.ema)(checkpoint)
         tree = picked.tree
@@ -71,7 +78,7 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
     advance = progress(f"checking {checkpoint.source.path.name}",
                        sum(nbytes(leaf) for _, leaf in floats))
 
-    def count(item: tuple[Any, Any]) -> int:
+    def count(item: tuple[KeyPath, TensorLeaf]) -> int:
         bad = count_non_finite(item[1])
         advance(nbytes(item[1]))
         return bad

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
@@ -31,8 +31,8 @@ from ..rules import NormalizeOptions, apply_rules
 from ..rules.keys import recipe_from_json
 from ..rules.quantized import quantization_of
 from ..tensors import ViewKey, chunks, nbytes, view_key
-from ..tree import format_path, iter_tensors
-from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, weights_digest
+from ..tree import TensorLeaf, format_path, iter_tensors
+from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, TieBy, weights_digest
 from .ties import canonical_ties, declared_ties
 
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
@@ -43,14 +43,15 @@ __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION",
 
 MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists tensors, not their bytes
 _HEX = frozenset("0123456789abcdef")
+_T = TypeVar("_T")
 
 
-def options_of(options: NormalizeOptions) -> dict[str, Any]:
+def options_of(options: NormalizeOptions) -> dict[str, object]:
     """The options as the manifest records them; key surgery only when used (so manifests
     made without it are as before, and older ckptport versions still read them)."""
-    made: dict[str, Any] = {"select": options.select, "ema": options.ema,
-                            "strip_prefixes": list(options.strip_prefixes),
-                            "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
+    made: dict[str, object] = {"select": options.select, "ema": options.ema,
+                               "strip_prefixes": list(options.strip_prefixes),
+                               "keep_prefixes": options.keep_prefixes, "dtype": options.dtype}
     keys = {"subtree": options.subtree, "keep": list(options.keep), "drop": list(options.drop),
             "rename": [list(pair) for pair in options.rename],
             "map": options.loaded_recipe.to_json() if options.loaded_recipe else None,
@@ -59,7 +60,7 @@ def options_of(options: NormalizeOptions) -> dict[str, Any]:
     return made
 
 
-def _digest(leaf: Any) -> str:
+def _digest(leaf: TensorLeaf) -> str:
     sha = hashlib.sha256()
     for piece in chunks(leaf):
         sha.update(piece)
@@ -77,7 +78,8 @@ class WrittenDigests:
         self.done: dict[ViewKey, str] = {}
         self._lock = threading.Lock()
 
-    def tap(self, leaf: Any, pieces: Iterable[bytes | memoryview]) -> Iterator[Any]:
+    def tap(self, leaf: TensorLeaf, pieces: Iterable[bytes | memoryview]
+            ) -> Iterator[bytes | memoryview]:
         sha = hashlib.sha256()
         for piece in pieces:
             sha.update(piece)
@@ -96,14 +98,14 @@ def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
     ``config.json`` says of tied embeddings (``ties.declared_ties``), deciding whether a
     stored copy of an embedding joins a tie (``ties.canonical_ties``).
     """
-    named: dict[ViewKey, list[tuple[str, Any]]] = {}
+    named: dict[ViewKey, list[tuple[str, TensorLeaf]]] = {}
     for path, leaf in iter_tensors(checkpoint.tree):
         named.setdefault(view_key(leaf), []).append((format_path(path), leaf))
     known = known or {}
     todo = [(key, names[0][1]) for key, names in named.items() if key not in known]
     advance = progress("hashing", sum(nbytes(leaf) for _, leaf in todo))
 
-    def digest(item: tuple[ViewKey, Any]) -> str:
+    def digest(item: tuple[ViewKey, TensorLeaf]) -> str:
         value = _digest(item[1])
         advance(nbytes(item[1]))
         return value
@@ -126,7 +128,7 @@ def build_manifest(checkpoint: Checkpoint, options: NormalizeOptions, *,
                     options_of(options), quantization=quantization_of(checkpoint))
 
 
-def _dtype_name(leaf: Any) -> str:
+def _dtype_name(leaf: TensorLeaf) -> str:
     return str(dtype_of(leaf)).removeprefix("torch.")
 
 
@@ -201,7 +203,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return manifest_from_json(doc, target)
 
 
-def manifest_from_json(doc: Any, target: Path, label: str = "manifest") -> Manifest:
+def manifest_from_json(doc: object, target: Path, label: str = "manifest") -> Manifest:
     """A manifest from its parsed JSON (a file's, or a weights attestation's predicate),
     checked field by field; ``InputError`` naming ``target`` and the ``label``'s field."""
     field_ = _Fields(target, label)
@@ -215,26 +217,8 @@ def manifest_from_json(doc: Any, target: Path, label: str = "manifest") -> Manif
         raise InputError(f"{label} field \"version\" is {version}, not a schema version",
                          target)
     options = field_.get(doc, "options", dict)
-    entries = []
-    for index, raw in enumerate(field_.get(doc, "tensors", list)):
-        where = f"tensors[{index}]"
-        item = field_.mapping(raw, where)
-        shape = field_.get(item, "shape", list, where)
-        if not all(type(n) is int and n >= 0 for n in shape):
-            raise InputError(f"{label} field {where}.shape is not a list of sizes", target)
-        sha = field_.get(item, "sha256", str, where)
-        if len(sha) != 64 or not set(sha) <= _HEX:
-            raise InputError(f"{label} field {where}.sha256 is not a sha256", target)
-        tied = field_.get(item, "tied", list, where, default=[])
-        alias_of = field_.get(item, "alias_of", str, where, default="") or None
-        tie_by = field_.get(item, "tie_by", str, where, default="") or None
-        if tie_by is not None and tie_by not in TIE_BY:
-            raise InputError(f"{label} field {where}.tie_by is {tie_by!r}, not one of "
-                             f"{', '.join(TIE_BY)}", target)
-        entries.append(TensorEntry(field_.get(item, "name", str, where),
-                                   field_.get(item, "dtype", str, where), tuple(shape),
-                                   field_.get(item, "nbytes", int, where), sha,
-                                   tuple(str(t) for t in tied), alias_of, tie_by))
+    entries = [field_.entry(raw, index)
+               for index, raw in enumerate(field_.get(doc, "tensors", list))]
     duplicate = _first_duplicate(e.name for e in entries)
     if duplicate is not None:
         raise InputError(f"{label} lists the tensor {duplicate!r} twice", target)
@@ -281,7 +265,7 @@ def unproven_alias(entries: Iterable[TensorEntry]) -> str | None:
     return None
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -292,23 +276,45 @@ class _Fields:
         self.path = path
         self.label = label
 
-    def mapping(self, value: Any, where: str) -> dict[str, Any]:
+    def mapping(self, value: object, where: str) -> dict[str, object]:
         if not isinstance(value, dict):
             raise InputError(f"{self.label} field {where} is not an object", self.path)
         return value
 
-    def get(self, doc: dict[str, Any], name: str, kind: type, where: str = "",
-            default: Any = None) -> Any:
+    def get(self, doc: Mapping[str, object], name: str, kind: type[_T], where: str = "",
+            default: _T | None = None) -> _T:
+        """The field of exactly type ``kind`` (a JSON ``true`` is no int)."""
         label = f"{where}.{name}" if where else name
         if name not in doc:
             if default is not None:
                 return default
             raise InputError(f"{self.label} field \"{label}\" is missing", self.path)
         value = doc[name]
-        if type(value) is not kind or (kind is int and type(value) is bool):
+        if type(value) is not kind or not isinstance(value, kind):
             raise InputError(f"{self.label} field \"{label}\" is a {type(value).__name__}, "
                              f"not a {kind.__name__}", self.path)
         return value
+
+    def entry(self, raw: object, index: int) -> TensorEntry:
+        """``tensors[index]``, each field checked."""
+        where, label, target = f"tensors[{index}]", self.label, self.path
+        item = self.mapping(raw, where)
+        shape: list[object] = self.get(item, "shape", list, where)
+        sizes = tuple(n for n in shape if type(n) is int and n >= 0)
+        if len(sizes) != len(shape):
+            raise InputError(f"{label} field {where}.shape is not a list of sizes", target)
+        sha = self.get(item, "sha256", str, where)
+        if len(sha) != 64 or not set(sha) <= _HEX:
+            raise InputError(f"{label} field {where}.sha256 is not a sha256", target)
+        tied: list[object] = self.get(item, "tied", list, where, default=[])
+        alias_of = self.get(item, "alias_of", str, where, default="") or None
+        tie_by = self.get(item, "tie_by", str, where, default="") or None
+        if tie_by is not None and tie_by not in TIE_BY:
+            raise InputError(f"{label} field {where}.tie_by is {tie_by!r}, not one of "
+                             f"{', '.join(TIE_BY)}", target)
+        return TensorEntry(self.get(item, "name", str, where), self.get(item, "dtype", str, where),
+                           sizes, self.get(item, "nbytes", int, where), sha,
+                           tuple(str(t) for t in tied), alias_of, cast("TieBy | None", tie_by))
 
 
 def manifest_options(made: Manifest) -> NormalizeOptions:
@@ -316,9 +322,10 @@ def manifest_options(made: Manifest) -> NormalizeOptions:
     return options_from_json(made.options)
 
 
-def options_from_json(recorded: Mapping[str, Any]) -> NormalizeOptions:
+def options_from_json(recorded: Mapping[str, object]) -> NormalizeOptions:
     """Normalize options as ``options_of`` records them (a manifest's, a derivation's)."""
-    raw = dict(recorded)
+    # Any: JSON values, each field's own; NormalizeOptions checks their types and values
+    raw: dict[str, Any] = dict(recorded)
     known = {"select", "ema", "strip_prefixes", "keep_prefixes", "dtype", "subtree", "keep",
              "drop", "rename", "map", "dequantize"}
     unknown = set(raw) - known

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
 from ..errors import CkptportError
@@ -23,6 +23,7 @@ from ..rules.quantized import quantization_of
 from ..rules.select import Select
 from ..tensors import (
     Pending,
+    ViewKey,
     extent,
     group_by_storage,
     human_bytes,
@@ -36,6 +37,9 @@ from ..tree import (
     GlobalRef,
     ObjectRecord,
     RecordKind,
+    StateDict,
+    TensorLeaf,
+    Tree,
     children,
     is_state_dict,
     iter_nodes,
@@ -110,7 +114,7 @@ class InspectReport:
     spellings: Mapping[str, str] = field(default_factory=dict)  # resolved -> as in the file
     notes: tuple[str, ...] = ()
     # schemes and their weights (``Recognition.describe``), or ``{"error": why}``
-    quantization: Mapping[str, Any] = field(default_factory=dict)
+    quantization: Mapping[str, object] = field(default_factory=dict)
     tensor_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -180,7 +184,7 @@ def _storage_name(name: str) -> bool:
     return attribute in STORAGE_CLASSES or attribute == "UntypedStorage"
 
 
-def _weights(checkpoint: Checkpoint) -> tuple[str | None, Any]:
+def _weights(checkpoint: Checkpoint) -> tuple[str | None, Tree]:
     try:
         picked, result = Select("auto")(checkpoint)
     except CkptportError:
@@ -188,7 +192,7 @@ def _weights(checkpoint: Checkpoint) -> tuple[str | None, Any]:
     return str(result.details["picked"]), picked.tree
 
 
-def _unique_tensors(tree: Any) -> dict[Any, Any]:
+def _unique_tensors(tree: Tree) -> dict[ViewKey, TensorLeaf]:
     """Tensors by view, so a tied weight counts once."""
     return {view_key(t): t for _, t in iter_tensors(tree)}
 
@@ -206,13 +210,13 @@ class _Survey:
     layout is built afterwards for the levels it shows only.
     """
 
-    def __init__(self, tree: Any, dangerous: set[str]) -> None:
+    def __init__(self, tree: Tree, dangerous: set[str]) -> None:
         self.tree = tree
-        self.tensors: list[tuple[KeyPath, Any]] = []
-        self.state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] = []
+        self.tensors: list[tuple[KeyPath, TensorLeaf]] = []
+        self.state_dicts: list[tuple[KeyPath, StateDict]] = []
         first: dict[str, KeyPath] = {}
         counts: Counter[str] = Counter()
-        stack: list[tuple[KeyPath, Any]] = [((), tree)]
+        stack: list[tuple[KeyPath, Tree]] = [((), tree)]
         while stack:  # iter_nodes, but passing over plain values without a visit
             path, node = stack.pop()
             if is_tensor(node):
@@ -240,7 +244,7 @@ class _Survey:
     def layout(self, depth: int) -> LayoutNode:
         return self._node((), "<root>", self.tree, depth)
 
-    def _node(self, path: KeyPath, key: str, value: Any, depth: int) -> LayoutNode:
+    def _node(self, path: KeyPath, key: str, value: Tree, depth: int) -> LayoutNode:
         count, size = self.totals.get(path, (0, 0))
         entries = None if is_tensor(value) else children(value)
         if entries is None:
@@ -266,13 +270,13 @@ class _Survey:
                           len(entries) - len(shown), container=True)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: Tree) -> str:
     if isinstance(value, ObjectRecord):
         return value.name if value.kind is RecordKind.INSTANCE else f"call {value.name}"
     return type_name(value)
 
 
-def _leaf(value: Any) -> tuple[str, str]:
+def _leaf(value: Tree) -> tuple[str, str]:
     if is_tensor(value):
         dtype = str(value.dtype).removeprefix("torch.")
         shape = ", ".join(map(str, value.shape))
@@ -285,14 +289,14 @@ def _leaf(value: Any) -> tuple[str, str]:
     return _kind(value), text if len(text) <= 60 else text[:57] + "..."
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: Tree) -> str:
     try:
         return repr(value)
     except ValueError:  # an int too long to print
         return f"<{type_name(value)}>"
 
 
-def wrapper_prefixes(tree: Any, state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] | None = None
+def wrapper_prefixes(tree: Tree, state_dicts: list[tuple[KeyPath, StateDict]] | None = None
                      ) -> dict[str, int]:
     """Wrapper prefixes (``module.``, ``_orig_mod.`` …) in state-dict keys, with counts."""
     found: Counter[str] = Counter()
@@ -304,16 +308,16 @@ def wrapper_prefixes(tree: Any, state_dicts: list[tuple[KeyPath, Mapping[str, An
     return dict(sorted(found.items()))
 
 
-def first_key_with(tree: Any, prefix: str,
-                   state_dicts: list[tuple[KeyPath, Mapping[str, Any]]] | None = None) -> str:
+def first_key_with(tree: Tree, prefix: str,
+                   state_dicts: list[tuple[KeyPath, StateDict]] | None = None) -> str:
     """The first state-dict key carrying a wrapper prefix, to point a finding at."""
     found = _state_dicts(tree) if state_dicts is None else state_dicts
     return next(format_path((*path, key)) for path, state in found
                 for key in state if key.startswith(prefix) or f".{prefix}" in f".{key}")
 
 
-def _state_dicts(tree: Any) -> list[tuple[KeyPath, Mapping[str, Any]]]:
-    return [(path, cast("Mapping[str, Any]", node)) for path, node in iter_nodes(tree)
+def _state_dicts(tree: Tree) -> list[tuple[KeyPath, StateDict]]:
+    return [(path, cast("StateDict", node)) for path, node in iter_nodes(tree)
             if is_state_dict(node)]
 
 
@@ -322,7 +326,7 @@ _BLOCKING_TYPES = {argparse.Namespace: "argparse.Namespace", DefaultDict: "colle
                    range: "builtins.range"}
 
 
-def _needed_global(value: Any) -> str | None:
+def _needed_global(value: Tree) -> str | None:
     if isinstance(value, (ObjectRecord, GlobalRef)):
         return value.name
     if type(value) in _BLOCKING_TYPES:
@@ -333,7 +337,7 @@ def _needed_global(value: Any) -> str | None:
     return None
 
 
-def storage_bloat(tree: Any, tensors: list[tuple[KeyPath, Any]] | None = None
+def storage_bloat(tree: Tree, tensors: list[tuple[KeyPath, TensorLeaf]] | None = None
                   ) -> tuple[StorageBloat, ...]:
     """Storages holding more bytes than the union of their views uses."""
     bloated = []

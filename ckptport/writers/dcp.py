@@ -15,28 +15,31 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint import Checkpoint
 from ..compare import tie_groups, tree_mismatches
 from ..errors import VerificationError
 from ..tensors import to_torch
-from ..tree import is_tensor
+from ..tree import TensorLeaf, Tree, is_tensor
 from . import WriteOptions, WriteResult, count_tensors, unique_bytes
 from .plan import Destination
 from .pth import require_torch_dtypes
 from .staging import os_error, publish_folder, staged_folder
 from .verify import Independent
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["DcpWriter"]
 
 
-def _dcp_tree(value: Any, storages: dict[int, Any], renamed: list[str],
-              originals: dict[int, Any]) -> Any:
+def _dcp_tree(value: Tree, storages: dict[int, torch.UntypedStorage], renamed: list[str],
+              originals: dict[int, TensorLeaf]) -> Tree:
     """The tree as DCP stores it: torch tensors, string keys (DCP stringifies them);
     ``originals`` maps each torch tensor made to the leaf it was made from."""
     if isinstance(value, Mapping):
-        out = {}
+        out: dict[str, Tree] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 renamed.append(repr(key))
@@ -63,7 +66,7 @@ class DcpWriter:
         folder = destination.path
         require_torch_dtypes(checkpoint.tree, folder)
         renamed: list[str] = []
-        originals: dict[int, Any] = {}
+        originals: dict[int, TensorLeaf] = {}
         tree = _dcp_tree(checkpoint.tree, {}, renamed, originals)
         if options.dcp_key:
             tree = {options.dcp_key: tree}

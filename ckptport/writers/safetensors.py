@@ -13,18 +13,18 @@ in ``ckptport.tree``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Union
+from typing import TYPE_CHECKING, BinaryIO, Union
 
 from .. import treejson
 from .._version import __version__
 from ..containers.safetensors import METADATA_KEY, Entry, encode_header
 from ..dtypes import dtype_of
 from ..errors import OutputError
-from ..tensors import chunks, file_range, nbytes, view_key
+from ..tensors import ViewKey, chunks, file_range, nbytes, view_key
 from ..tree import (
     KEY_ALIASES,
     KEY_RULES,
@@ -32,6 +32,8 @@ from ..tree import (
     KEY_TREE,
     KEY_VERSION,
     KeyPath,
+    TensorLeaf,
+    Tree,
     format_path,
     iter_tensors,
 )
@@ -39,7 +41,7 @@ from .copy import RangeCopier
 from .staging import preallocate
 
 if TYPE_CHECKING:
-    from . import WriteOptions
+    from . import Tap, WriteOptions
     from .provenance import Provenance
 
 __all__ = ["Late", "MetadataValue", "SafetensorsFile", "SafetensorsPlan", "provenance_metadata",
@@ -68,7 +70,7 @@ MetadataValue = Union[str, Late]  # noqa: UP007 (a runtime alias on Python 3.10)
 class SafetensorsPlan:
     """What goes where: computed once, used to write and then to verify."""
 
-    tensors: Mapping[str, Any]
+    tensors: Mapping[str, TensorLeaf]
     entries: Mapping[str, Entry]
     aliases: Mapping[str, tuple[str, ...]]
     metadata: Mapping[str, MetadataValue]
@@ -92,13 +94,13 @@ class SafetensorsPlan:
 class SafetensorsFile:
     """A ``.safetensors`` file; verified by the safetensors library and an independent read."""
 
-    def write(self, tree: Any, file: BinaryIO, dst: Path, options: WriteOptions,
+    def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> SafetensorsPlan:
         plan = plan_safetensors(tree, provenance_metadata(options.provenance), dst)
         write_safetensors(plan, file, advance, options.tap)
         return plan
 
-    def verify(self, path: Path, tree: Any, written: SafetensorsPlan, options: WriteOptions,
+    def verify(self, path: Path, tree: Tree, written: SafetensorsPlan, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_safetensors
 
@@ -119,11 +121,11 @@ def provenance_metadata(provenance: Provenance | None) -> dict[str, MetadataValu
                                   separators=(",", ":"))}
 
 
-def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
-                     dst: Any) -> SafetensorsPlan:
-    canonical: dict[Any, str] = {}
+def plan_safetensors(tree: Tree, metadata: Mapping[str, MetadataValue],
+                     dst: Path) -> SafetensorsPlan:
+    canonical: dict[ViewKey, str] = {}
     names: dict[KeyPath, str] = {}
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, TensorLeaf] = {}
     aliases: dict[str, list[str]] = {}
     taken: set[str] = set()
     for path, tensor in iter_tensors(tree):
@@ -146,7 +148,7 @@ def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
             canonical[key] = name
         names[path] = canonical[key]
 
-    def tensor_name(path: KeyPath, tensor: Any) -> str:
+    def tensor_name(path: KeyPath, tensor: TensorLeaf) -> str:
         return names[path]
 
     meta = {"format": "pt", KEY_VERSION: __version__, **metadata,
@@ -157,7 +159,7 @@ def plan_safetensors(tree: Any, metadata: Mapping[str, MetadataValue],
                            meta)
 
 
-def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
+def _layout(tensors: Mapping[str, TensorLeaf]) -> dict[str, Entry]:
     order = sorted(tensors, key=lambda n: (-dtype_of(tensors[n]).itemsize, n))
     entries, offset = {}, 0
     for name in order:
@@ -169,7 +171,7 @@ def _layout(tensors: Mapping[str, Any]) -> dict[str, Entry]:
 
 
 def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[int], None],
-                      tap: Callable[[Any, Iterable[memoryview]], Iterable[Any]] | None = None
+                      tap: Tap | None = None
                       ) -> None:
     preallocate(file, len(plan.header) + sum(e.end - e.start for e in plan.entries.values()))
     file.write(plan.header)

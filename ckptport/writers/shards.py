@@ -29,12 +29,12 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..checkpoint import Checkpoint
 from ..errors import OutputError, OutputExistsError
-from ..tensors import nbytes, storage_key, view_key
-from ..tree import KEY_ALIASES, is_state_dict, is_tensor, rebuild_dict
+from ..tensors import ViewKey, nbytes, storage_key, view_key
+from ..tree import KEY_ALIASES, TensorLeaf, is_state_dict, is_tensor, rebuild_dict
 from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .formats import OutputFormat
 from .plan import Destination, same_file
@@ -78,9 +78,12 @@ class ShardNames:
         return name == self.index or re.fullmatch(pattern, name) is not None
 
 
-def without_aliases(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, str]]:
+Tensors = Mapping[str, TensorLeaf]  # what a shard set holds: a flat state dict of tensors
+
+
+def without_aliases(state: Tensors) -> tuple[Tensors, dict[str, str]]:
     """The state dict with tied names left out, as the hub saves it; alias -> kept name."""
-    kept: dict[Any, str] = {}
+    kept: dict[ViewKey | None, str] = {}
     items, aliases = [], {}
     for key, tensor in state.items():
         identity = view_key(tensor) if storage_key(tensor) is not None else None
@@ -93,10 +96,10 @@ def without_aliases(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[s
     return rebuild_dict(state, items), aliases
 
 
-def split_shards(state: Mapping[str, Any], max_size: int) -> list[list[str]]:
+def split_shards(state: Tensors, max_size: int) -> list[list[str]]:
     """Keys grouped into shards in order; tensors sharing a storage stay together."""
-    groups: OrderedDict[Any, list[str]] = OrderedDict()
-    sizes: dict[Any, int] = {}
+    groups: OrderedDict[int | ViewKey, list[str]] = OrderedDict()
+    sizes: dict[int | ViewKey, int] = {}
     for key, tensor in state.items():
         storage = storage_key(tensor)
         group = view_key(tensor) if storage is None else storage
@@ -179,8 +182,9 @@ class ShardsWriter:
               options: WriteOptions) -> WriteResult:
         sink: Sink = self.sink or LocalFolder(destination.path)
         folder = destination.path
-        state = checkpoint.tree
-        if not is_state_dict(state) or not all(is_tensor(v) for v in state.values()):
+        tree = checkpoint.tree
+        state = cast("Tensors", tree) if is_state_dict(tree) else None  # of tensors, checked:
+        if state is None or not all(is_tensor(v) for v in state.values()):
             raise OutputError("a shard set holds a flat state dict of tensors, and the selected "
                               "data holds more (e.g. --select all); write a single .pth",
                               sink.location)
@@ -208,7 +212,7 @@ class ShardsWriter:
                            unique_bytes(kept), options.verify,
                            files=tuple(sink.location / name for name in files), notes=notes)
 
-    def _write_staged(self, staging: Path, state: Mapping[str, Any], groups: list[list[str]],
+    def _write_staged(self, staging: Path, state: Tensors, groups: list[list[str]],
                       names: ShardNames, options: WriteOptions,
                       aliases: Mapping[str, str], sink: Sink) -> list[str]:
         weight_map: dict[str, str] = {}
@@ -223,7 +227,7 @@ class ShardsWriter:
             weight_map.update(dict.fromkeys(keys, name))
             files.append(name)
         if len(groups) > 1:
-            metadata: dict[str, Any] = {"total_size": unique_bytes(state)}
+            metadata: dict[str, object] = {"total_size": unique_bytes(state)}
             if aliases:
                 metadata[KEY_ALIASES] = dict(sorted(aliases.items()))
             index = {"metadata": metadata, "weight_map": weight_map}
