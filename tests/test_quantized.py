@@ -820,3 +820,106 @@ def test_gptq_that_lies_is_refused(tmp_path, run, change, config, key, why):
     assert not out.exists()
     assert any(h.startswith(f"{key}: ") and why in h
                for h in _codes_of(run, path).get("CKP016", [])), _codes_of(run, path)
+
+
+# -- a dequantized model folder loads as a plain model, with the library's own logits ------
+
+
+@pytest.fixture(scope="module")
+def quantized_llamas(tmp_path_factory: pytest.TempPathFactory
+                     ) -> dict[str, tuple[Path, torch.nn.Module]]:
+    """A tiny Llama quantized three ways (FP8 blocks by transformers' Fp8Quantize, W4A16 by
+    compressed-tensors' compressor, NVFP4 exported by ModelOpt), each folder with the model
+    its library dequantizes: transformers' own FP8 load (CPU: dequantized), its
+    compressed-tensors load with dequantize=True, and compressed-tensors' ModelOpt oracle."""
+    from transformers import (
+        AutoModelForCausalLM,
+        CompressedTensorsConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    from fixtures.quantized import TINY_LLAMA, ct_compress, ct_scheme
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**TINY_LLAMA, "hidden_size": 128, "intermediate_size": 256})
+    state = LlamaForCausalLM(config).to(torch.bfloat16).state_dict()
+    linear = [k for k in state if k.endswith("proj.weight")]
+    root = tmp_path_factory.mktemp("llamas")
+    scheme = ct_scheme("W4A16")
+    fp8: dict[str, torch.Tensor] = {}
+    packed: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        module = name.removesuffix(".weight")
+        fp8.update(_fp8_quantize(name, tensor) if name in linear else {name: tensor})
+        packed.update({f"{module}.{k}": v for k, v in ct_compress(tensor, scheme).items()}
+                      if name in linear else {name: tensor})
+    from compressed_tensors.quantization import QuantizationConfig
+
+    configs = {"fp8": {"quant_method": "fp8", "weight_block_size": [128, 128],
+                       "activation_scheme": "dynamic"},
+               "w4a16": QuantizationConfig(config_groups={"group_0": scheme},
+                                           format=scheme.format, ignore=["lm_head"],
+                                           quantization_status="compressed"
+                                           ).model_dump(mode="json")}
+    for name, tensors in (("fp8", fp8), ("w4a16", packed)):
+        config.quantization_config = configs[name]
+        config.save_pretrained(root / name)
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  root / name / "model.safetensors", metadata={"format": "pt"})
+    made = {"fp8": (root / "fp8", AutoModelForCausalLM.from_pretrained(root / "fp8")),
+            "w4a16": (root / "w4a16", AutoModelForCausalLM.from_pretrained(
+                root / "w4a16", quantization_config=CompressedTensorsConfig(dequantize=True)))}
+    oracle = root / "modelopt-oracle"  # the oracle's weights, under ModelOpt's model config
+    oracle.mkdir()
+    plain = json.loads((MODELOPT / "config.json").read_text())
+    del plain["quantization_config"]
+    (oracle / "config.json").write_text(json.dumps(plain))
+    save_file(_modelopt_oracle(root, load_file(MODELOPT / "model.safetensors"), torch.bfloat16),
+              oracle / "model.safetensors", metadata={"format": "pt"})
+    made["modelopt"] = (MODELOPT, AutoModelForCausalLM.from_pretrained(oracle))
+    return made
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "w4a16", "modelopt"])
+def test_a_dequantized_model_folder_loads_as_a_plain_model(quantized_llamas, run, tmp_path,
+                                                           scheme):
+    """normalize FOLDER/ OUT/ --dequantize: OUT's config.json has no quantization_config
+    (ModelOpt's hf_quant_config.json is not carried), and from_pretrained(OUT) gives the
+    logits of the library's own dequantized model, exactly."""
+    from transformers import AutoModelForCausalLM
+
+    folder, library = quantized_llamas[scheme]
+    out = tmp_path / "out"
+    result = run("normalize", folder, f"{out}/", "--dequantize", "bfloat16")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config
+    source_config = json.loads((folder / "config.json").read_text())
+    assert config == {k: v for k, v in source_config.items() if k != "quantization_config"}
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    tokens = torch.arange(24).reshape(2, 12) % 128
+    with torch.no_grad():
+        assert torch.equal(plain(tokens).logits, library(tokens).logits)
+    weight = "model.layers.0.mlp.up_proj.weight"
+    assert same_bits(plain.state_dict()[weight], library.state_dict()[weight])
+
+
+def test_folder_mode_writes_the_plain_config_beside_each_output(run, tmp_path):
+    tree = tmp_path / "tree" / "nvfp4"
+    tree.mkdir(parents=True)
+    for name in ("model.safetensors", "config.json", "hf_quant_config.json"):
+        (tree / name).write_bytes((MODELOPT / name).read_bytes())
+    out = tmp_path / "out"
+    result = run("normalize", tmp_path / "tree", out, "--dequantize", "--to", "safetensors")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / "nvfp4").iterdir()) == ["config.json",
+                                                                  "model.safetensors"]
+    assert "quantization_config" not in json.loads((out / "nvfp4" / "config.json").read_text())
+    (tree / "config.json").write_text("{not json")
+    broken = run("normalize", tree, f"{tmp_path / 'broken'}/", "--dequantize")
+    assert broken.exit_code == 2
+    assert len(broken.stderr.strip().splitlines()) == 1
+    assert "nvfp4/config.json" in broken.stderr and "JSON" in broken.stderr
+    assert not (tmp_path / "broken").exists()

@@ -11,9 +11,11 @@ still there: what it would write is a wrong weight with exit 0.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
+from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint
@@ -27,11 +29,12 @@ from ..quant import (
     config_of,
     recognize,
 )
+from ..remote.urls import is_remote
 from ..tensors import Computed, to_torch
 from ..tree import format_path, iter_tensors, rebuild_dict, replace_state_dicts, state_dicts
 from .base import Change, RuleResult
 
-__all__ = ["Dequantize", "recognized", "refuse_cast", "quantization_of"]
+__all__ = ["Dequantize", "recognized", "refuse_cast", "quantization_of", "plain_config"]
 
 
 def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
@@ -96,6 +99,35 @@ def refuse_cast(checkpoint: Checkpoint, target: DType, dtypes: Mapping[str, DTyp
                              "numbers (they only mean something through a quantization "
                              "scheme); keep them (--dtype keep) or --dequantize a scheme "
                              "ckptport recognizes", checkpoint.source.path)
+
+
+MODEL_CONFIG = "config.json"
+
+
+def plain_config(source: Path | None, results: Iterable[RuleResult]) -> bytes | None:
+    """The model folder's ``config.json`` without its ``quantization_config``, when
+    ``--dequantize`` made quantized weights plain (None otherwise, or with no config there):
+    what a dequantized model folder needs for ``from_pretrained`` to load it as a plain
+    model. ModelOpt's ``hf_quant_config.json`` has no place in it.
+
+    Raises ``QuantError`` when the config is there but not a JSON object: the output
+    would not load as a plain model, and nothing has been written yet."""
+    if source is None or is_remote(source) or not any(
+            r.rule == "dequantize" and r.details.get("schemes") for r in results):
+        return None
+    path = (source if source.is_dir() else source.parent) / MODEL_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise QuantError(f"cannot be read as JSON ({exc}); the dequantized folder needs it "
+                         "without its quantization_config", path) from None
+    if not isinstance(doc, dict):
+        raise QuantError("is not a JSON object; the dequantized folder needs it without its "
+                         "quantization_config", path)
+    doc.pop("quantization_config", None)
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
 _QPARAM_WORDS = ("scale", "zero_point", "absmax", "SCB", "qzeros", "quant_state", "quant_map")

@@ -18,12 +18,19 @@ from typing import TYPE_CHECKING
 
 from ...analysis.manifests import WrittenDigests, build_manifest, write_manifest
 from ...checkpoint import Format, SourceFacts
-from ...errors import InputError, OutputError, RuleError
+from ...errors import (
+    InputError,
+    OutputError,
+    OutputExistsError,
+    RuleError,
+    VerificationError,
+)
 from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
 from ...rules.keys import KEY_MAP_SHA256
+from ...rules.quantized import MODEL_CONFIG, plain_config
 from ...sources import read_more_than_once
 from ...tree import KEY_PREFIX
 from ...writers import WriteOptions, WriteResult, write_to
@@ -37,6 +44,7 @@ from ...writers.remote import (
     plan_remote,
     write_remote,
 )
+from ...writers.staging import staged_file
 
 if TYPE_CHECKING:
     from ...signing.keys import SigningKey
@@ -136,6 +144,7 @@ def normalize_file(
     manifest: str | os.PathLike[str] | None = None,
     jobs: int | None = None,
     hash_source: bool = False,
+    config_beside: bool = False,
     metadata: str = "keep",
     hash_name: bool = False,
     create_pr: bool = False,
@@ -165,6 +174,9 @@ def normalize_file(
         manifest: also write the output's manifest, hashed as the bytes are written.
         jobs: verification threads (default: every core).
         hash_source: compute the source's sha256 whatever the output (folder mode).
+        config_beside: with ``--dequantize``, write the source folder's ``config.json``
+            (without its ``quantization_config``) beside a file DST too (folder mode: DST
+            mirrors the source's folder); a shard-set folder DST always gets it.
         metadata: ``keep`` a safetensors source's own metadata in a safetensors output, or
             ``drop`` it.
         hash_name: name the output ``STEM-<first 8 hex of its sha256>.EXT`` (torch.hub's
@@ -228,6 +240,15 @@ def normalize_file(
     digests = WrittenDigests() if manifest is not None or sign is not None else None
     checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
     normalized = apply_rules(checkpoint, options, lazy=True)
+    config_at = None
+    if remote is None and (destination.sharded or config_beside):
+        config_at = (destination.path if destination.sharded else destination.path.parent) \
+            / MODEL_CONFIG
+    plain = None if config_at is None else plain_config(checkpoint.source.path,
+                                                          normalized.results)
+    if plain is not None and config_at is not None and config_at.exists() and not overwrite:
+        raise OutputExistsError("exists; pass --overwrite to replace it (the dequantized "
+                                "folder's config, without its quantization_config)", config_at)
     recipe = (options or NormalizeOptions()).loaded_recipe
     carried = carried_metadata(checkpoint.source, metadata == "keep") if records else {}
     provenance = Provenance(source.files, _applied(normalized.results), carried,
@@ -242,6 +263,8 @@ def normalize_file(
     written = write_to(normalized.checkpoint, destination, write_options) if remote is None \
         else write_remote(normalized.checkpoint, remote, write_options, store,
                           _message(source, remote, options, normalized.results))
+    if plain is not None and config_at is not None:
+        _write_verified(config_at, plain)
     sha256 = provenance.known_sha256()
     if hash_name:  # a local file (refused above for a URL)
         final = publish_hashed(Path(written.path), final_dst, overwrite)
@@ -273,11 +296,21 @@ def normalize_file(
                            map_sha256=None if recipe is None else recipe.sha256)
 
 
+def _write_verified(path: Path, data: bytes) -> None:
+    """A small file published whole, once what the disk holds reads back as ``data``."""
+    with staged_file(path, overwrite=True) as staged:
+        staged.file.write(data)
+        staged.sync()
+        if staged.tmp.read_bytes() != data:
+            raise VerificationError("did not read back as written; nothing was published",
+                                    path)
+        staged.publish()
+
+
 def _attestation_path(dst: str | os.PathLike[str], final: Path, folder: bool,
                       overwrite: bool) -> Path:
     """Where ``normalize --sign`` puts the output's weights attestation (as ``sign`` would:
     beside a file, in a folder), refused up front if it exists without ``overwrite``."""
-    from ...errors import OutputExistsError
     from ...signing import signature_paths
 
     if is_remote(os.fspath(dst)):

@@ -301,7 +301,8 @@ def _convert(task: _Task, outputs: Outputs, settings: FolderOptions) -> _Done:
         report = normalize_file(path.reopened() if isinstance(path, RemotePath) else path,
                                 out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
-                                jobs=1, hash_source=True, metadata=settings.metadata,
+                                jobs=1, hash_source=True, config_beside=True,
+                                metadata=settings.metadata,
                                 max_expansion=settings.max_expansion,
                                 create_pr=settings.create_pr)
     except CkptportError as exc:
