@@ -191,7 +191,7 @@ def _json_entry(path: Path, key: str) -> dict[str, Any] | None:
 
 def _load_schemes() -> None:
     """The scheme modules, each registering itself: a new scheme is one module and one line."""
-    from . import awq, bnb, compressed, fp8_block, gptq, modelopt, mxfp4  # noqa: F401
+    from . import awq, bnb, compressed, fp8_block, gptq, modelopt, mxfp4, torchao  # noqa: F401
 
 
 _load_schemes()

@@ -22,6 +22,7 @@ from ..checkpoint import Checkpoint, Format
 from ..containers.zipfmt import ZipArchive, parse_zip
 from ..dtypes import DType
 from ..errors import CodeArchiveError, InputError
+from ..quant.torchao import flatten
 from ..tensors import Blob, StorageInfo
 from ..unpickle import PickleRefused, Unpickled, unpickle
 from ..unpickle.values import Refusal
@@ -103,8 +104,9 @@ class TorchZipReader:
             return load_trusted(source, self.format)
         zipped = archive(source)
         unpickled = unpickle_archive(zipped, options)
-        return Checkpoint(unpickled.value, pickle_facts(
-            source.main, self.format, zipped.source.size, unpickled.value, [unpickled]))
+        tree, metadata = flatten(unpickled.value)  # torchao's subclasses: its flattened layout
+        return Checkpoint(tree, pickle_facts(
+            source.main, self.format, zipped.source.size, tree, [unpickled], metadata=metadata))
 
 
 class TorchScriptReader:

@@ -29,6 +29,7 @@ from ..quant import (
     config_of,
     recognize,
 )
+from ..quant.torchao import torchao_config
 from ..remote.urls import is_remote
 from ..tensors import Computed, to_torch
 from ..tree import format_path, iter_tensors, rebuild_dict, replace_state_dicts, state_dicts
@@ -42,7 +43,8 @@ def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
     config = config_of(checkpoint.source.path)
     found = []
     for path, state in state_dicts(checkpoint.tree):
-        recognition = recognize(state, config, checkpoint.source.path)
+        recognition = recognize(state, torchao_config(config, checkpoint.source.metadata,
+                                                      _prefix(path)), checkpoint.source.path)
         if recognition:
             found.append((_prefix(path), recognition))
     return found

@@ -7,7 +7,8 @@ something lazy, or build an object in an unusual way. Real classes appear
 only where building them runs none of their code and their state is plain
 data (``OrderedDict``, ``Counter``); ``argparse.Namespace`` is a read-only
 subclass, so a ``BUILD`` on the class cannot change the real one. torch's and
-numpy's names come from ``torch_values`` and ``numpy_values``.
+numpy's names come from ``torch_values`` and ``numpy_values``, torchao's from
+``torchao_values``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .distributed_values import distributed_table
 from .names import Kind
 from .numpy_values import numpy_table
 from .torch_values import torch_table
+from .torchao_values import torchao_table
 from .values import (
     Allowed,
     BytesRecord,
@@ -242,7 +244,8 @@ def _plain_table() -> dict[str, Any]:
 @cache
 def table() -> dict[str, Any]:
     """Qualified name -> what a pickle gets for it."""
-    return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table()}
+    return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table(),
+            **torchao_table()}
 
 
 def allowed_names() -> frozenset[str]:

@@ -1,0 +1,337 @@
+"""torchao tensor subclasses: ``Int8Tensor``, ``Float8Tensor``, ``IntxUnpackedToInt8Tensor``.
+
+One layout for both of torchao's containers. torchao's safetensors support
+(``torchao.prototype.safetensors.flatten_tensor_state_dict``, what transformers
+calls to save a torchao model as safetensors) writes weight ``M.W``'s inner
+tensors as ``M._W_qdata``, ``M._W_scale``, ``M._W_zero_point`` (and the
+optional activation tensors), and its class and attributes as JSON in the
+header's metadata under ``M.W`` (``{"_type": "Int8Tensor", "_data":
+{"block_size": [1, 64], "dtype": ...}, "_tensor_data_names": [...]}``), with
+``tensor_names`` listing the state dict. A ``.pth`` of the subclasses is read
+(``ckptport.unpickle.torchao_values``) into the same: ``flatten`` gives its
+inner tensors those names and its attributes that metadata, so each command
+sees one layout, and writing without ``--dequantize`` keeps every inner tensor.
+
+Dequantized, ``M.W`` is torchao's own ``dequantize()`` on the CPU:
+``Int8Tensor`` and ``IntxUnpackedToInt8Tensor`` by ``dequantize_affine``
+(``(code - zero_point)`` in the output dtype, times the block's scale, cast);
+``Float8Tensor`` by ``_dequantize_affine_float8`` (code in float32 times the
+block's scale, cast). ``Int8Tensor`` and ``Float8Tensor`` take the output dtype
+(``dequantize(output_dtype)``); ``IntxUnpackedToInt8Tensor.dequantize()`` gives
+its recorded ``dtype`` only, so other dtypes are that result cast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..dtypes import DType, dtype_of
+from ..tree import (
+    Key,
+    KeyPath,
+    ObjectRecord,
+    TensorLeaf,
+    Tree,
+    format_path,
+    is_tensor,
+    rebuild_dict,
+)
+from ..unpickle.torchao_values import TENSOR_CLASSES, SubclassRecord
+from . import QuantError, QuantizedWeight, register
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Torchao", "flatten", "torchao_config", "part_name"]
+
+# inner tensors: the ones dequantize() reads, then those consumed (activation quantization)
+_DATA = ("qdata", "scale", "zero_point")
+_CONSUMED = ("act_quant_scale", "act_quant_zero_point", "act_pre_scale")
+_SCALES = frozenset({"float32", "bfloat16", "float16"})
+_FP8 = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+_AFFINE = frozenset({"Int8Tensor", "IntxUnpackedToInt8Tensor"})
+_OUTPUTS = frozenset({"float32", "bfloat16", "float16"})  # what dequantize_affine accepts
+_MAX_METADATA = 1 << 20  # one weight's JSON is a few hundred bytes
+
+
+def part_name(weight: str, part: str) -> str:
+    """Where torchao's safetensors support puts inner tensor ``part`` of ``weight``:
+    ``M.W`` -> ``M._W_part``."""
+    module, _, leaf = weight.rpartition(".")
+    return f"{module}._{leaf}_{part}" if module else f"_{leaf}_{part}"
+
+
+# -- a .pth's subclasses, flattened as torchao's safetensors support flattens them --------
+
+
+def flatten(tree: Tree) -> tuple[Tree, dict[str, str]]:
+    """``tree`` with each torchao subclass of a dict replaced by its inner tensors (named by
+    ``part_name``), and the metadata torchao's safetensors support would write for them,
+    keyed by each weight's path. A tree without one is returned as it is."""
+    metadata: dict[str, str] = {}
+
+    def walk(node: Tree, path: KeyPath) -> Tree:
+        if isinstance(node, Mapping):
+            if not any(isinstance(v, SubclassRecord) for v in node.values()):
+                changed = [(k, walk(v, (*path, k))) for k, v in node.items()]
+                if all(new is old for (_, new), old in zip(changed, node.values(), strict=True)):
+                    return node
+                return rebuild_dict(node, changed)
+            items: list[tuple[Key, Tree]] = []
+            for key, value in node.items():
+                if isinstance(value, SubclassRecord) and isinstance(key, str):
+                    metadata[format_path((*path, key))] = json.dumps(_describe(value))
+                    state = value.state if isinstance(value.state, dict) else {}
+                    items.extend((part_name(key, k), v) for k, v in state.items()
+                                 if is_tensor(v))
+                else:
+                    items.append((key, walk(value, (*path, key))))
+            return rebuild_dict(node, items)
+        if isinstance(node, list):
+            return [walk(v, (*path, i)) for i, v in enumerate(node)]
+        return node
+
+    flat = walk(tree, ())
+    if metadata:
+        metadata["tensor_names"] = json.dumps(list(metadata))
+    return flat, metadata
+
+
+def _describe(record: SubclassRecord) -> dict[str, Tree]:
+    """A subclass as torchao's ``TensorSubclassAttributeJSONEncoder`` writes it."""
+    state = record.state if isinstance(record.state, dict) else {}
+    data = {k: _encoded(v) for k, v in state.items() if not is_tensor(v) and v is not None}
+    if record.dtype is not None:
+        data["dtype"] = {"_type": "torch.dtype", "_data": record.dtype.name}
+    return {"_type": record.short_name, "_data": data,
+            "_tensor_data_names": [k for k, v in state.items() if is_tensor(v)]}
+
+
+def _encoded(value: Tree) -> Tree:
+    """An attribute as JSON: records by class and state, dtypes by name, tuples as lists."""
+    if isinstance(value, ObjectRecord):
+        short = value.name.rpartition(".")[2]
+        if isinstance(value.state, dict):
+            return {"_type": short, "_data": {k: _encoded(v) for k, v in value.state.items()}}
+        return {"_type": short, "_data": [_encoded(v) for v in value.args]
+                if len(value.args) != 1 else _encoded(value.args[0])}
+    if isinstance(value, (list, tuple)):
+        return [_encoded(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encoded(v) for k, v in value.items()}
+    if isinstance(value, DType):
+        return {"_type": "torch.dtype", "_data": value.name}
+    return value if value is None or type(value) in (str, int, float, bool) else str(value)
+
+
+def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, str],
+                   prefix: str = "") -> Mapping[str, object] | None:
+    """``config`` with the torchao metadata of the state dict at ``prefix`` under
+    ``torchao`` (each weight's class and attributes, parsed), where the file has it and
+    config.json names no other method; else ``config`` as it is."""
+    if "tensor_names" not in metadata or (config and config.get("quant_method") not in (
+            None, "torchao")):
+        return config
+    try:
+        names = json.loads(metadata["tensor_names"])
+    except ValueError:
+        return config
+    lead = f"{prefix}." if prefix else ""
+    found: dict[str, dict[str, object]] = {}
+    for name in names if isinstance(names, list) else ():
+        text = metadata.get(name) if isinstance(name, str) and name.startswith(lead) else None
+        if text is None or len(text) > _MAX_METADATA:
+            continue
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("_type") in TENSOR_CLASSES:
+            found[name[len(lead):]] = doc
+    if not found:
+        return config
+    return {**(config or {"quant_method": "torchao"}), "torchao": found}
+
+
+# -- the scheme ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Torchao:
+    name: str = "torchao"
+    reference: str = ("torchao.quantization Int8Tensor / Float8Tensor / "
+                      "IntxUnpackedToInt8Tensor .dequantize()")
+
+    # Any: the Scheme protocol's (state-dict leaves; a parsed config.json)
+    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
+             ) -> Iterator[QuantizedWeight]:
+        described = (config or {}).get("torchao")
+        leaves = {k: v for k, v in tensors.items() if is_tensor(v)}
+        for qname in leaves:
+            weight = _weight_of(qname)
+            if weight is None:
+                continue
+            doc = described.get(weight) if isinstance(described, dict) else None
+            yield _weight(self, weight, leaves, doc if isinstance(doc, dict) else None)
+
+    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
+        qdata, scale, *rest = parts
+        block = tuple(weight.params["block_size"])
+        if weight.params["class"] == "Float8Tensor":
+            return _float8(qdata, scale, block, dtype)
+        zero = rest[0] if "zero_point" in weight.parts else None
+        if weight.params["class"] == "IntxUnpackedToInt8Tensor":  # dequantize(): its dtype only
+            own = getattr(torch, weight.params["dtype"])
+            return _affine(qdata, scale, zero, block, own).to(dtype)
+        return _affine(qdata, scale, zero, block, dtype)
+
+
+def _weight_of(name: str) -> str | None:
+    """``M.W`` for an inner tensor named ``M._W_qdata``; None for any other name."""
+    module, _, leaf = name.rpartition(".")
+    if not (leaf.startswith("_") and leaf.endswith("_qdata") and len(leaf) > len("__qdata")):
+        return None
+    base = leaf[1:-len("_qdata")]
+    return f"{module}.{base}" if module else base
+
+
+def _weight(scheme: Torchao, weight: str, tensors: Mapping[str, TensorLeaf],
+            doc: Mapping[str, object] | None) -> QuantizedWeight:
+    """The parts of ``weight`` and its parameters, held to what torchao's classes hold."""
+    names = {p: part_name(weight, p) for p in (*_DATA, *_CONSUMED)}
+    present = {p: n for p, n in names.items() if n in tensors}
+    if "scale" not in present:
+        raise QuantError(f"{names['qdata']}: a torchao weight's codes without their scale "
+                         f"{names['scale']}")
+    qdata, scale = tensors[present["qdata"]], tensors[present["scale"]]
+    codes, scales = dtype_of(qdata), dtype_of(scale)
+    found = doc.get("_data") if doc else None
+    data: Mapping[str, object] = found if isinstance(found, dict) else {}
+    kind = str(doc["_type"]) if doc else ("Float8Tensor" if codes.name in _FP8 else "Int8Tensor")
+    want = "an FP8 dtype" if kind == "Float8Tensor" else "int8"
+    if (codes.name in _FP8) != (kind == "Float8Tensor") or (kind in _AFFINE
+                                                            and codes.name != "int8"):
+        raise QuantError(f"{present['qdata']}: a torchao {kind}'s codes are {codes}, not {want}")
+    if scales.name not in _SCALES:
+        raise QuantError(f"{present['scale']}: a torchao {kind}'s scale is {scales}, not "
+                         "float32, bfloat16 or float16")
+    shape = tuple(qdata.shape)
+    block = _block(weight, kind, shape, tuple(scale.shape), data.get("block_size"))
+    if kind in _AFFINE:
+        _zero_point(weight, kind, tensors, present, tuple(scale.shape))
+    elif "zero_point" in present:
+        raise QuantError(f"{present['zero_point']}: a torchao Float8Tensor has no zero point")
+    params: dict[str, object] = {"class": kind, "block_size": list(block), "codes": codes.name,
+                              "scale_dtype": scales.name}
+    dtype = _own_dtype(weight, kind, data.get("dtype"))
+    if dtype is not None:
+        params["dtype"] = dtype
+    for key in ("act_quant_kwargs", "activation_quantization"):
+        if data.get(key):
+            params["activation"] = _activation(data[key])
+    parts = {p: present[p] for p in _DATA if p in present}
+    extra = tuple(present[p] for p in _CONSUMED if p in present)
+    return QuantizedWeight(scheme, weight, shape, parts, params, extra)
+
+
+def _block(weight: str, kind: str, shape: tuple[int, ...], grid: tuple[int, ...],
+           claimed: object) -> tuple[int, ...]:
+    """The block the scale grid tiles the codes with: each dimension of the codes a whole
+    number of the scale's (a scale of one element: the whole tensor), and the block size
+    torchao recorded, where it did, that one."""
+    if math.prod(grid) == 1:
+        found = shape
+    elif len(grid) != len(shape) or any(g == 0 or n % g for n, g in zip(shape, grid,
+                                                                        strict=True)):
+        raise QuantError(f"{weight}: a torchao {kind}'s scale of shape {list(grid)} does not "
+                         f"tile its codes' {list(shape)}")
+    else:
+        found = tuple(n // g for n, g in zip(shape, grid, strict=True))
+    if claimed is None:
+        return found
+    if not (isinstance(claimed, list) and len(claimed) == len(shape)
+            and all(type(b) is int and b > 0 for b in claimed)):
+        raise QuantError(f"{weight}: a torchao {kind} whose block_size {claimed!r} is not one "
+                         f"positive integer per dimension of its codes {list(shape)}")
+    if tuple(claimed) != found:
+        raise QuantError(f"{weight}: a torchao {kind} with block_size {claimed} whose scale of "
+                         f"shape {list(grid)} tiles its codes {list(shape)} in blocks of "
+                         f"{list(found)}")
+    return found
+
+
+def _zero_point(weight: str, kind: str, tensors: Mapping[str, TensorLeaf],
+                present: Mapping[str, str],
+                grid: tuple[int, ...]) -> None:
+    name = present.get("zero_point")
+    if name is None:
+        if kind == "IntxUnpackedToInt8Tensor":
+            raise QuantError(f"{weight}: a torchao {kind} without its zero point "
+                             f"{part_name(weight, 'zero_point')}")
+        return
+    zero = tensors[name]
+    if tuple(zero.shape) != grid or dtype_of(zero).kind not in "iuf":
+        raise QuantError(f"{name}: a torchao {kind}'s zero point of {dtype_of(zero)}"
+                         f"{list(zero.shape)} does not match its scale's {list(grid)}")
+
+
+def _own_dtype(weight: str, kind: str, value: object) -> str | None:
+    """The dtype a subclass dequantizes to by default, as its metadata records it; held to
+    what torchao can give where ``dequantize()`` gives that dtype only."""
+    name = value.get("_data") if isinstance(value, dict) else None
+    if kind != "IntxUnpackedToInt8Tensor":
+        return name if isinstance(name, str) else None
+    if name is None:
+        raise QuantError(f"{weight}: a torchao {kind} whose metadata records no dtype "
+                         "(its dequantize() gives that dtype only)")
+    if name not in _OUTPUTS:
+        raise QuantError(f"{weight}: a torchao {kind} of dtype {name!r} (torchao dequantizes "
+                         f"to {', '.join(sorted(_OUTPUTS))})")
+    return str(name)
+
+
+def _activation(value: object) -> str:
+    """How the weight's activations are quantized, for reports: the kwargs' class or name."""
+    return str(value.get("_type")) if isinstance(value, dict) else str(value)
+
+
+def _affine(qdata: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+            block: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torchao's ``_dequantize_affine_no_dtype_check``, step by step (its roundings)."""
+    split, after = [], []
+    for n, b in zip(qdata.shape, block, strict=True):
+        if b != n and b > 1:
+            split += [n // b, b]
+            after += [n // b, 1]
+        else:
+            split.append(n)
+            after.append(1 if b != 1 else n)
+    values = qdata.reshape(split).to(dtype, copy=True)
+    if zero is not None:
+        values = values - zero.reshape(after).to(dtype)
+    values = values * scale.reshape(after)
+    return values.reshape(qdata.shape).to(dtype)
+
+
+def _float8(qdata: torch.Tensor, scale: torch.Tensor, block: tuple[int, ...],
+            dtype: torch.dtype) -> torch.Tensor:
+    """torchao's ``_dequantize_affine_float8``: codes in float32 times the block's scale
+    (broadcast, as its ``_maybe_expand_scale_to_tensor_shape`` expands it), cast."""
+    import torch
+
+    values = qdata.to(torch.float32)
+    if scale.numel() == 1:
+        return (values * scale.reshape([1] * qdata.dim())).to(dtype)
+    split = [d for n, b in zip(qdata.shape, block, strict=True) for d in (n // b, b)]
+    spread = [d for n, b in zip(qdata.shape, block, strict=True) for d in (n // b, 1)]
+    return (values.reshape(split) * scale.reshape(spread)).reshape(qdata.shape).to(dtype)
+
+
+register(Torchao())

@@ -1,0 +1,242 @@
+"""torchao tensor subclasses: quantized by torchao on the CPU, dequantized by torchao (the oracle).
+
+A tiny model is quantized once per session with each torchao config that runs on a CPU,
+saved as ``torch.save(model.state_dict())`` writes it (the subclasses pickled) and as
+torchao's safetensors support flattens it; ckptport reads both without importing torchao
+and dequantizes each weight bit for bit as the subclass's own ``dequantize()`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.helpers import same_bits
+
+pytest.importorskip("torchao", reason="the test extra's torchao is not installed")
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@pytest.fixture(scope="session")
+def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """Two Linear layers per config, each quantized by ``quantize_``; Float8 with dynamic
+    activations built by ``Float8Tensor.from_hp`` as ``Float8DynamicActivationFloat8Weight
+    Config`` builds it (the config itself asserts a CUDA GPU of compute capability 8.9)."""
+    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+    from torchao.quantization import (
+        Float8Tensor,
+        Float8WeightOnlyConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        Int8DynamicActivationIntxWeightConfig,
+        Int8WeightOnlyConfig,
+        IntxWeightOnlyConfig,
+        PerGroup,
+        PerTensor,
+        quantize_,
+    )
+    from torchao.quantization.quantize_.workflows import QuantizeTensorToFloat8Kwargs
+
+    torch.manual_seed(0)
+    configs = {"int8": (Int8WeightOnlyConfig(), torch.bfloat16),
+               "int8_g32": (Int8WeightOnlyConfig(granularity=PerGroup(32)), torch.float32),
+               "w8a8": (Int8DynamicActivationInt8WeightConfig(), torch.float32),
+               "fp8": (Float8WeightOnlyConfig(), torch.bfloat16),
+               "int4": (IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                             granularity=PerGroup(32)), torch.bfloat16),
+               "a8w4": (Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4),
+                        torch.float32)}
+    model = torch.nn.Module()
+    for name, (config, dtype) in configs.items():
+        layers = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 16)).to(dtype)
+        quantize_(layers, config)
+        setattr(model, name, layers)
+    dynamic = torch.nn.Linear(64, 32)
+    dynamic.weight = torch.nn.Parameter(Float8Tensor.from_hp(
+        dynamic.weight.detach(), granularity=PerTensor(),
+        act_quant_kwargs=QuantizeTensorToFloat8Kwargs(granularity=PerTensor())),
+        requires_grad=False)
+    model.fp8_dynamic = dynamic
+    model.norm = torch.nn.LayerNorm(16)
+    state = model.state_dict()
+    folder = tmp_path_factory.mktemp("torchao")
+    torch.save(state, folder / "model.pth")
+    tensors, metadata = flatten_tensor_state_dict(state)
+    save_file(tensors, folder / "model.safetensors", metadata=metadata)
+    subclasses = {k: v for k, v in state.items() if type(v) is not torch.Tensor}
+    oracle = {dtype: {k: _dequantized(v, getattr(torch, dtype)) for k, v in subclasses.items()}
+              for dtype in DTYPES}
+    return SimpleNamespace(folder=folder, pth=folder / "model.pth",
+                           safetensors=folder / "model.safetensors", state=state,
+                           tensors=tensors, metadata=metadata, oracle=oracle)
+
+
+def _dequantized(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torchao's own: ``dequantize(output_dtype)`` where the class takes one; else (Intx)
+    ``dequantize()`` in the weight's own dtype, cast."""
+    if type(weight).__name__ == "IntxUnpackedToInt8Tensor":
+        return weight.dequantize().to(dtype)
+    return weight.dequantize(output_dtype=dtype)
+
+
+@pytest.mark.parametrize("container", ["pth", "safetensors"])
+def test_torchao_dequantized_as_the_library_does(torchao_model, run, tmp_path, container):
+    source = getattr(torchao_model, container)
+    plain = {k: v for k, v in torchao_model.state.items() if type(v) is torch.Tensor}
+    for dtype in DTYPES:
+        out = tmp_path / f"{dtype}.safetensors"
+        result = run("normalize", source, out, "--dequantize", dtype)
+        assert result.exit_code == 0, result.output
+        assert "dequantized 13 torchao weights" in result.stdout
+        written = load_file(out)
+        assert sorted(written) == sorted(torchao_model.state)
+        for name, expected in torchao_model.oracle[dtype].items():
+            assert same_bits(written[name], expected), (name, dtype)
+        assert all(same_bits(written[k], v) for k, v in plain.items())
+
+
+def test_torchao_inspect_shows_each_class_and_its_tensors(torchao_model, run):
+    doc = json.loads(run("inspect", torchao_model.pth, "--format", "json").stdout)
+    weights = {w["weight"]: w for w in doc["quantization"]["weights"]}
+    assert doc["quantization"]["schemes"] == {"torchao": 13}
+    int4 = weights["int4.0.weight"]
+    assert int4["params"]["class"] == "IntxUnpackedToInt8Tensor"
+    assert int4["params"]["block_size"] == [1, 32] and int4["params"]["dtype"] == "bfloat16"
+    assert int4["tensors"] == {"qdata": "int4.0._weight_qdata", "scale": "int4.0._weight_scale",
+                               "zero_point": "int4.0._weight_zero_point"}
+    dynamic = weights["fp8_dynamic.weight"]["params"]
+    assert dynamic["class"] == "Float8Tensor" and dynamic["block_size"] == [32, 64]
+    assert dynamic["activation"] == "QuantizeTensorToFloat8Kwargs"
+    assert weights["w8a8.1.weight"]["params"]["activation"] == "QuantizeTensorToInt8Kwargs"
+    from_file = json.loads(run("inspect", torchao_model.safetensors, "--format", "json").stdout)
+    assert {w["weight"]: w for w in from_file["quantization"]["weights"]} == weights
+
+
+def test_torchao_codes_are_never_cast_and_kept_as_torchao_lays_them_out(torchao_model, run,
+                                                                     tmp_path):
+    cast = run("normalize", torchao_model.pth, tmp_path / "cast.safetensors", "--dtype",
+               "float16")
+    assert cast.exit_code == 2 and "--dequantize" in cast.stderr
+    assert not (tmp_path / "cast.safetensors").exists()
+    kept = tmp_path / "kept.safetensors"
+    assert run("normalize", torchao_model.pth, kept).exit_code == 0
+    written = load_file(kept)  # the inner tensors, under the names torchao's safetensors uses
+    assert sorted(written) == sorted(torchao_model.tensors)
+    assert all(same_bits(written[k], v) for k, v in torchao_model.tensors.items())
+
+
+def _forged_safetensors(model: SimpleNamespace, path: Path, tensors: dict[str, torch.Tensor],
+                        metadata: dict[str, object]) -> Path:
+    """The flattened file with tensors replaced and weights' metadata rewritten."""
+    docs = dict(model.metadata)
+    for name, change in metadata.items():
+        doc = json.loads(docs[name])
+        doc["_data"].update(change)  # type: ignore[call-overload]
+        docs[name] = json.dumps(doc)
+    save_file({**model.tensors, **tensors}, path, metadata=docs)
+    return path
+
+
+@pytest.mark.parametrize(("tensors", "metadata", "weight", "why"), [
+    ({"int8.0._weight_scale": torch.ones(32, 3)}, {}, "int8.0.weight", "does not tile"),
+    ({"int8.0._weight_scale": torch.ones(32, 1, dtype=torch.int32)}, {},
+     "int8.0._weight_scale", "not float32"),
+    ({"fp8.0._weight_qdata": torch.zeros(32, 64, dtype=torch.int8)}, {},
+     "fp8.0._weight_qdata", "not an FP8 dtype"),
+    ({}, {"fp8.1.weight": {"block_size": [1, 16]}}, "fp8.1.weight", "block_size [1, 16]"),
+    ({"int4.0._weight_zero_point": torch.zeros(32, 1, dtype=torch.int8)}, {},
+     "int4.0._weight_zero_point", "does not match its scale"),
+])
+def test_forged_inner_tensors_are_refused(torchao_model, run, tmp_path, tensors, metadata,
+                                          weight, why):
+    path = _forged_safetensors(torchao_model, tmp_path / "forged.safetensors", tensors,
+                               metadata)
+    result = run("normalize", path, tmp_path / "out.safetensors", "--dequantize")
+    line = result.stderr.strip()
+    assert result.exit_code == 2 and "\n" not in line, result.output
+    assert "forged.safetensors" in line and weight in line and why in line, line
+    assert not (tmp_path / "out.safetensors").exists()
+    doc = json.loads(run("check", path, "--format", "json").stdout)
+    hits = [f"{f['key']}: {f['message']}" for f in doc["files"][0]["findings"]
+            if f["code"] == "CKP016"]
+    assert any(h.startswith(weight) and why in h for h in hits), hits
+
+
+def test_forged_subclass_in_a_pth_is_refused(run, tmp_path):
+    """torchao's constructors check nothing: a scale that does not tile its codes saves."""
+    from torchao.quantization import Int8Tensor
+
+    forged = Int8Tensor(torch.zeros(32, 64, dtype=torch.int8), torch.ones(3, 1), [1, 64],
+                        torch.float32)
+    path = tmp_path / "forged.pth"
+    torch.save({"m.weight": forged}, path)
+    result = run("normalize", path, tmp_path / "out.pth", "--dequantize")
+    assert result.exit_code == 2
+    assert "forged.pth" in result.stderr and "m.weight" in result.stderr
+    assert "does not tile" in result.stderr
+    assert run("check", path, "--codes", "CKP016").exit_code == 1
+
+
+class _Payload:
+    def __init__(self, sentinel: Path) -> None:
+        self.sentinel = sentinel
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+class _Int8TensorWithPayload:
+    """Pickles as torchao's Int8Tensor does, with a payload where its ``qdata`` goes."""
+
+    def __init__(self, sentinel: Path) -> None:
+        self.sentinel = sentinel
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        from torchao.quantization import Int8Tensor
+
+        wrapper = (Int8Tensor, torch.float32, (2, 2), (2, 1), 0, torch.strided,
+                   torch.device("cpu"), False)
+        return (torch._tensor._rebuild_from_type_v2,
+                (torch._utils._rebuild_wrapper_subclass, Int8Tensor, wrapper,
+                 {"qdata": _Payload(self.sentinel), "block_size": [1, 2]}))
+
+
+def _with_pickle(path: Path, data: bytes) -> Path:
+    """A torch zip whose data.pkl is ``data`` (written by torch's own zip writer)."""
+    torch.save({}, path)
+    with zipfile.ZipFile(path) as archive:
+        records = {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
+    writer = torch._C.PyTorchFileWriter(str(path))
+    for name, record in {**records, "data.pkl": data}.items():
+        writer.write_record(name, record, len(record))
+    writer.write_end_of_file()
+    return path
+
+
+def test_hostile_torchao_pickles_are_refused(run, tmp_path, sentinel):
+    inside = tmp_path / "inside.pth"
+    torch.save({"0.weight": _Int8TensorWithPayload(sentinel)}, inside)
+    # a torchao name that reaches code: pickle resolves "torchao" + "os.system" to os.system
+    import torchao
+
+    assert torchao.os.system is os.system  # type: ignore[attr-defined]
+    command = f"touch {sentinel}".encode()
+    data = (b"\x80\x04}\x94(\x8c\x080.weight\x94\x8c\x07torchao\x94\x8c\x09os.system\x94\x93"
+            + b"\x8c" + bytes([len(command)]) + command + b"\x85Ru.")
+    named = _with_pickle(tmp_path / "named.pth", data)
+    for path in (inside, named):
+        refused = run("normalize", path, tmp_path / "o.pth", "--dequantize")
+        assert refused.exit_code == 2, refused.output
+        assert "system" in refused.stderr and str(path) in refused.stderr, refused.stderr
+        shown = run("inspect", path)  # a report reads it leniently and names the danger
+        assert "DANGEROUS" in shown.stdout and "system" in shown.stdout, shown.output
+    assert not sentinel.exists()
+    assert not (tmp_path / "o.pth").exists()
+
