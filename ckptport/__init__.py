@@ -71,6 +71,8 @@ if TYPE_CHECKING:  # what type checkers see; "as": re-exported
 __all__ = ["__version__", *ERRORS, *LAZY]
 
 
+# Any: a public name loaded when first used (a function, a class); type checkers see the
+# TYPE_CHECKING imports above, this is for names they do not know
 def __getattr__(name: str) -> Any:
     module = LAZY.get(name)
     if module is None:

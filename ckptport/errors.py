@@ -44,9 +44,9 @@ import copy
 import errno
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .escape import printable
 
@@ -130,7 +130,9 @@ class CkptportError(Exception):
         """A copy by fields: subclasses take other constructor arguments than ``args``."""
         return _rebuilt(type(self), self.__dict__)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[[type[CkptportError], dict[str, object]],
+                                           CkptportError],
+                                  tuple[type[CkptportError], dict[str, object]]]:
         """Pickled by fields too (a folder's workers send errors back to the parent);
         ``OSError``'s own reduce would call the constructor with (errno, strerror)."""
         return _rebuilt, (type(self), {**self.__dict__, "spellings": dict(self.spellings)})
@@ -276,7 +278,7 @@ class SignatureError(CkptportError, ValueError):
     certificate that does not verify it, a statement that contradicts itself (exit 2)."""
 
 
-def _rebuilt(cls: type[CkptportError], fields: dict[str, Any]) -> CkptportError:
+def _rebuilt(cls: type[CkptportError], fields: dict[str, object]) -> CkptportError:
     """An error of ``cls`` with ``fields``, its constructor not called (subclasses take
     other arguments than ``args``)."""
     made = cls.__new__(cls)

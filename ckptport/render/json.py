@@ -9,11 +9,13 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._version import __version__
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from ..analysis.diffing import DiffReport
     from ..analysis.manifests import Manifest
     from ..analysis.survey import InspectReport
@@ -21,14 +23,13 @@ if TYPE_CHECKING:
     from ..commands.normalize import FolderReport, NormalizeReport
     from .protocol import Failure
 
-__all__ = ["JsonFormatter", "jsonable"]
+__all__ = ["JsonFormatter", "jsonable", "json_fields"]
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> object:
     """Dataclasses, enums, paths and mappings as plain JSON values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if f.init and not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
+        return json_fields(value)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (Path, os.PathLike)):  # a RemotePath prints its redacted URL
@@ -38,6 +39,13 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     return value
+
+
+def json_fields(value: DataclassInstance) -> dict[str, object]:
+    """A dataclass as a JSON object: its fields given at init (one whose metadata says
+    ``omit_none`` left out when None), each ``jsonable``."""
+    return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+            if f.init and not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
 
 
 class JsonFormatter:
@@ -59,7 +67,7 @@ class JsonFormatter:
         return made.to_json().rstrip("\n")
 
     def normalize(self, report: NormalizeReport) -> str:
-        source = jsonable(report.source)
+        source = json_fields(report.source)
         source["sha256"] = report.source_sha256
         selected = report.rule("select")
         doc = {
@@ -83,14 +91,14 @@ class JsonFormatter:
             "equal": report.equal,
             "summary": report.summary(),
             "tensors_differing": report.tensors_differing,
-            **jsonable(report),
+            **json_fields(report),
             **_network(),
         }
         return json.dumps(_strict(doc), indent=2, allow_nan=False)
 
 
     def inspect(self, report: InspectReport) -> str:
-        doc = {"ckptport": __version__, "command": "inspect", **jsonable(report),
+        doc = {"ckptport": __version__, "command": "inspect", **json_fields(report),
                "tensor_bytes": report.tensor_bytes, **_network()}
         return json.dumps(doc, indent=2)
 
@@ -118,7 +126,7 @@ class JsonFormatter:
         return json.dumps(doc, indent=2)
 
 
-def _network() -> dict[str, Any]:
+def _network() -> dict[str, object]:
     """``transferred``: what the command fetched over the network, when a source was remote."""
     from ..remote import meter
 
@@ -126,7 +134,7 @@ def _network() -> dict[str, Any]:
     return {} if made is None else {"transferred": jsonable(made)}
 
 
-def _strict(value: Any) -> Any:
+def _strict(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):

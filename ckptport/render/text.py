@@ -162,6 +162,7 @@ def inspect_lines(report: InspectReport) -> list[str]:
 QUANTIZED_SHOWN = 20  # quantized weights listed by name; the JSON report lists all
 
 
+# Any: ``InspectReport.quantization``, the JSON-shaped summary rules.quantized makes
 def quantization_lines(quantization: Mapping[str, Any]) -> list[str]:
     """The schemes found, their parameters, and which tensors make each quantized weight."""
     if "error" in quantization:
@@ -274,7 +275,7 @@ def _delta_row(delta: TensorDelta) -> tuple[str, ...]:
             _value(delta.a), _value(delta.b))
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
