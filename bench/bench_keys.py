@@ -19,7 +19,7 @@ import torch
 
 from ckptport.checkpoint import Checkpoint, Format, SourceFacts
 from ckptport.rules import NormalizeOptions
-from ckptport.rules.keys import key_rules
+from ckptport.rules.recipes import key_rules
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from ckptport.analysis.manifests import load_manifest
 from ckptport.checkpoint import Checkpoint, Format, SourceFacts
 from ckptport.errors import RuleError
 from ckptport.rules import NormalizeOptions, load_recipe
-from ckptport.rules.keys import KEY_MAP_SHA256, key_rules
+from ckptport.rules.recipes import KEY_MAP_SHA256, key_rules
 
 RECIPE_TOML = r"""
 # backbone of a detector checkpoint, torchvision-style names

@@ -28,8 +28,8 @@ from ..errors import CkptportError, InputError, OptionError, OutputError
 from ..parallel import run_all
 from ..progress import Progress, no_progress
 from ..rules import NormalizeOptions, apply_rules
-from ..rules.keys import recipe_from_json
 from ..rules.quantized import quantization_of
+from ..rules.recipes import recipe_from_json
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import TensorLeaf, format_path, iter_tensors
 from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, TieBy, weights_digest

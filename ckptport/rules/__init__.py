@@ -22,10 +22,11 @@ from ..quant import DEQUANTIZE_CHOICES
 from ..tree import is_state_dict
 from .base import Change, NormalizeRule, RuleResult
 from .device import MapToCPU
-from .keys import Recipe, Step, compile_rename, key_rules, load_recipe, recipe_of
+from .keys import compile_rename
 from .objects import ConvertObjects
 from .prefixes import AUTO, StripPrefixes, normalize_prefix, strip_key
 from .quantized import Dequantize
+from .recipes import Recipe, Step, key_rules, load_recipe, recipe_of
 from .select import EMA_MODES, Select
 from .tensors import CAST_CHOICES, CastDtype, CompactTensors
 
@@ -59,9 +60,9 @@ class NormalizeOptions:
     Key surgery (``rules/keys.py``) runs after prefix stripping, in this
     order: ``subtree`` (keep the keys under it, stripped), ``keep`` then
     ``drop`` (shell-style globs), ``rename`` ((pattern, replacement) regex
-    pairs, in order). ``recipe`` (``--map FILE``: a ``Recipe`` or the path of
-    its TOML/JSON file) holds such steps in its own order instead; the two
-    cannot be combined. A bad pattern or recipe is a ``RuleError`` here.
+    pairs, in order). ``recipe`` (``--map FILE``, ``rules/recipes.py``: a
+    ``Recipe`` or the path of its TOML/JSON file) holds such steps in its own
+    order instead; the two cannot be combined. A bad pattern or recipe is a ``RuleError`` here.
     """
 
     select: str = "auto"

@@ -119,6 +119,12 @@ def module_state_dict(root: Tree, where: str, path: Path | None
     assert isinstance(root, ObjectRecord)  # is_module(root), and not a live one: a record
     walk(root, "")
     result._metadata = metadata  # type: ignore[attr-defined]
+    return result, _notes(where, classes)
+
+
+def _notes(where: str, classes: list[str]) -> tuple[str, ...]:
+    """What the report says of the modules rebuilt: each class, and what a class that is
+    not torch's may add that the file cannot show."""
     counts: dict[str, int] = {}
     for name in classes:
         counts[name] = counts.get(name, 0) + 1
@@ -129,4 +135,4 @@ def module_state_dict(root: Tree, where: str, path: Path | None
         notes.append(f"{', '.join(custom)} {'is' if len(custom) == 1 else 'are'} not torch's: "
                      "entries its own code adds to state_dict() (get_extra_state, an overridden "
                      "state_dict) cannot be seen in the file and are not included")
-    return result, tuple(notes)
+    return tuple(notes)

@@ -29,8 +29,8 @@ from ...progress import Progress, no_progress
 from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
-from ...rules.keys import KEY_MAP_SHA256
 from ...rules.quantized import MODEL_CONFIG, plain_config
+from ...rules.recipes import KEY_MAP_SHA256
 from ...sources import read_more_than_once
 from ...tree import KEY_PREFIX
 from ...writers import WriteOptions, WriteResult, write_to
