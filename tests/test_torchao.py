@@ -1,7 +1,8 @@
 """torchao tensor subclasses: quantized by torchao on the CPU, dequantized by torchao (the oracle).
 
 A tiny model is quantized once per session with each torchao config that runs on a CPU,
-saved as ``torch.save(model.state_dict())`` writes it (the subclasses pickled) and as
+saved as ``torch.save(model.state_dict())`` writes it (the subclasses pickled, in the zip and
+the legacy format) and as
 torchao's safetensors support flattens it; ckptport reads both without importing torchao
 and dequantizes each weight bit for bit as the subclass's own ``dequantize()`` does.
 """
@@ -68,12 +69,13 @@ def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     state = model.state_dict()
     folder = tmp_path_factory.mktemp("torchao")
     torch.save(state, folder / "model.pth")
+    torch.save(state, folder / "legacy.pth", _use_new_zipfile_serialization=False)
     tensors, metadata = flatten_tensor_state_dict(state)
     save_file(tensors, folder / "model.safetensors", metadata=metadata)
     subclasses = {k: v for k, v in state.items() if type(v) is not torch.Tensor}
     oracle = {dtype: {k: _dequantized(v, getattr(torch, dtype)) for k, v in subclasses.items()}
               for dtype in DTYPES}
-    return SimpleNamespace(folder=folder, pth=folder / "model.pth",
+    return SimpleNamespace(folder=folder, pth=folder / "model.pth", legacy=folder / "legacy.pth",
                            safetensors=folder / "model.safetensors", state=state,
                            tensors=tensors, metadata=metadata, oracle=oracle)
 
@@ -86,7 +88,7 @@ def _dequantized(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return weight.dequantize(output_dtype=dtype)
 
 
-@pytest.mark.parametrize("container", ["pth", "safetensors"])
+@pytest.mark.parametrize("container", ["pth", "legacy", "safetensors"])
 def test_torchao_dequantized_as_the_library_does(torchao_model, run, tmp_path, container):
     source = getattr(torchao_model, container)
     plain = {k: v for k, v in torchao_model.state.items() if type(v) is torch.Tensor}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..checkpoint import Checkpoint, Format
 from ..dtypes import DType
 from ..errors import InputError
+from ..quant.torchao import flatten
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo
 from ..tree import type_name
@@ -165,5 +166,6 @@ class LegacyReader:
             raise refusal(exc, source.main) from None
         except InputError as exc:
             raise exc.at(source.main) from None
-        return Checkpoint(unpickled.value, pickle_facts(
-            source.main, self.format, source.file.size, unpickled.value, pickles))
+        tree, metadata = flatten(unpickled.value)  # torchao's subclasses: its flattened layout
+        return Checkpoint(tree, pickle_facts(
+            source.main, self.format, source.file.size, tree, pickles, metadata=metadata))
