@@ -15,10 +15,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from .tensors import StorageInfo, TensorInfo, group_by_storage
-from .tree import KeyPath, format_path, is_tensor, iter_tensors, map_tree, rebuild_dict
+from .tree import (
+    KeyPath,
+    TensorLeaf,
+    Tree,
+    format_path,
+    is_tensor,
+    iter_tensors,
+    map_tree,
+    rebuild_dict,
+)
 
 __all__ = ["Format", "SourceFacts", "Checkpoint", "KeyPath", "TensorInfo", "StorageInfo",
            "format_path", "is_tensor", "iter_tensors", "map_tree", "rebuild_dict",
@@ -114,17 +123,17 @@ class SourceFacts:
 class Checkpoint:
     """A tree of plain data with tensor leaves, and the facts of its source."""
 
-    tree: Any
+    tree: Tree
     source: SourceFacts
 
-    def with_tree(self, tree: Any) -> Checkpoint:
+    def with_tree(self, tree: Tree) -> Checkpoint:
         return replace(self, tree=tree)
 
-    def tensors(self) -> Iterator[tuple[KeyPath, Any]]:
+    def tensors(self) -> Iterator[tuple[KeyPath, TensorLeaf]]:
         return iter_tensors(self.tree)
 
 
-def shared_storages(tree: Any) -> tuple[tuple[str, ...], ...]:
+def shared_storages(tree: Tree) -> tuple[tuple[str, ...], ...]:
     """Paths grouped by the storage their tensors share, groups of two or more."""
     return tuple(tuple(format_path(path) for path, _ in members)
                  for members in group_by_storage(tree).values() if len(members) > 1)

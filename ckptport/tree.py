@@ -23,7 +23,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias, TypeGuard, TypeVar, cast
+from typing import TYPE_CHECKING, TypeAlias, TypeGuard, TypeVar, cast, overload
 
 if TYPE_CHECKING:
     import torch
@@ -272,6 +272,17 @@ def iter_tensors(tree: Tree, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, Te
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
+_W = TypeVar("_W")
+
+
+@overload
+def rebuild_dict(original: OrderedDict[_K, _W], items: Iterable[tuple[_K, _V]]
+                 ) -> OrderedDict[_K, _V]: ...
+
+
+@overload
+def rebuild_dict(original: Mapping[_K, object], items: Iterable[tuple[_K, _V]]
+                 ) -> dict[_K, _V]: ...
 
 
 def rebuild_dict(original: Mapping[_K, object], items: Iterable[tuple[_K, _V]]) -> dict[_K, _V]:
@@ -323,7 +334,7 @@ def _map_record(record: ObjectRecord, leaf: Callable[[KeyPath, Tree], Tree],
     )
 
 
-def is_state_dict(value: Tree) -> bool:
+def is_state_dict(value: Tree) -> TypeGuard[StateDict]:
     """A non-empty mapping of string keys to tensors or plain leaves, holding a tensor."""
     if not isinstance(value, Mapping) or not value:
         return False
@@ -339,7 +350,7 @@ def state_dicts(node: Tree, path: KeyPath = ()) -> list[tuple[KeyPath, StateDict
     """Every state dict the key rules act on, through dicts and lists (``--select all`` may
     hold several: a model's and an EMA's)."""
     if is_state_dict(node):
-        return [(path, node)]  # type: ignore[list-item]  # is_state_dict: a StateDict
+        return [(path, node)]
     found: list[tuple[KeyPath, StateDict]] = []
     if isinstance(node, Mapping):
         for key, value in node.items():
@@ -354,7 +365,7 @@ def replace_state_dicts(node: Tree, edit: Callable[[KeyPath, StateDict], Tree],
                         path: KeyPath = ()) -> Tree:
     """``node`` rebuilt with ``edit(path, state_dict)`` in place of each of ``state_dicts``."""
     if is_state_dict(node):
-        return edit(path, node)  # type: ignore[arg-type]  # is_state_dict: a StateDict
+        return edit(path, node)
     if isinstance(node, Mapping):
         return rebuild_dict(node, [(k, replace_state_dicts(v, edit, (*path, k)))
                                    for k, v in node.items()])

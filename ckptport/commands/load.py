@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import CkptportError, SelectionError, StateDictMismatchError
 from ..quant import QuantError, config_of, recognize
@@ -99,9 +99,10 @@ def load_state_dict(
     if not is_state_dict(state):
         raise SelectionError("the selected part is not a state dict of tensors; pass "
                              "options=NormalizeOptions(select=...)", os.fspath(path))
+    tensors = cast("OrderedDict[str, torch.Tensor]", state)  # read() makes torch tensors
     if device is not None:
-        state = rebuild_dict(state, [(k, _to(v, device, path)) for k, v in state.items()])
-    return state
+        tensors = rebuild_dict(tensors, [(k, _to(v, device, path)) for k, v in tensors.items()])
+    return tensors
 
 
 def _to(tensor: torch.Tensor, device: str | torch.device, path: str | os.PathLike[str]

@@ -28,9 +28,9 @@ import os
 import pickle
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeGuard
+from typing import IO, TYPE_CHECKING, NoReturn, TypeGuard
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import CkptportError, InputError
@@ -40,6 +40,14 @@ from ..unpickle.scan import ScanError, scan
 from .assembled import check_tiling
 from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import or_problem
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from ..tree import Key, Tree
+    from ..unpickle.values import Recorded
 
 __all__ = ["DcpReader", "read_dcp_metadata", "dcp_metadata", "METADATA_FILE", "LIGHTNING_META"]
 
@@ -61,13 +69,13 @@ def dcp_metadata(folder: Path) -> Path:
     return path
 
 
-def _allowed() -> dict[str, Any]:
+def _allowed() -> dict[str, object]:
     import collections
 
     import torch
     from torch.distributed.checkpoint import filesystem, metadata
 
-    names: dict[str, Any] = {
+    names: dict[str, object] = {
         f"{_DCP}.metadata.{name}": getattr(metadata, name)
         for name in ("Metadata", "TensorStorageMetadata", "TensorProperties",
                      "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
@@ -90,13 +98,13 @@ class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP metadata only: any other global is refused, never imported; the names a
     layout records beside it (``records``) become inert records of their state."""
 
-    def __init__(self, file: Any, path: Path, allowed: dict[str, Any],
+    def __init__(self, file: IO[bytes], path: Path, allowed: dict[str, object],
                  records: tuple[str, ...]) -> None:
         super().__init__(file)
         self._path, self._allowed, self._records = path, allowed, records
-        self._made: list[Any] = []
+        self._made: list[Recorded] = []
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         from ..unpickle.values import record_class
 
         qualified = f"{module}.{name}"
@@ -107,11 +115,11 @@ class _MetadataUnpickler(pickle.Unpickler):
                              "nothing was run", self._path)
         return self._allowed[qualified]
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise InputError("DCP metadata holds a persistent reference; refused", self._path)
 
 
-def read_dcp_metadata(folder: Path, records: tuple[str, ...] = ()) -> Any:
+def read_dcp_metadata(folder: Path, records: tuple[str, ...] = ()) -> Metadata:
     """The folder's DCP ``Metadata``, checked against its data files; ``records``: qualified
     names read as inert records (a layout's own planner data beside the metadata)."""
     from torch.distributed.checkpoint.metadata import Metadata
@@ -122,8 +130,8 @@ def read_dcp_metadata(folder: Path, records: tuple[str, ...] = ()) -> Any:
         data = path.read_bytes()
         found = scan(data)
         allowed = _allowed()
-        metadata = bounded(data, found, lambda stream: _MetadataUnpickler(stream, path, allowed,
-                                                                        records))
+        metadata: object = bounded(data, found, lambda stream: _MetadataUnpickler(
+            stream, path, allowed, records))
     except CkptportError:
         raise
     except ScanError as exc:
@@ -162,7 +170,7 @@ def read_dcp_metadata(folder: Path, records: tuple[str, ...] = ()) -> Any:
     return metadata
 
 
-def _plain_paths(paths: Any, items: int) -> bool:
+def _plain_paths(paths: object, items: int) -> TypeGuard[dict[str, Sequence[Key]]]:
     """Planner data as DCP writes it: item name -> a short path of keys and list indexes."""
     return isinstance(paths, dict) and all(
         isinstance(fqn, str) and isinstance(path, (tuple, list)) and 0 < len(path) <=
@@ -171,29 +179,32 @@ def _plain_paths(paths: Any, items: int) -> bool:
         for fqn, path in paths.items())
 
 
-def _byte_item(folder: Path, fqn: str, data: bytes) -> Any:
+def _byte_item(folder: Path, fqn: str, data: bytes) -> Tree:
     """A non-tensor item: a ``torch.save``'d value, read by ckptport's own readers."""
     from . import load_bytes
 
     return load_bytes(MemorySource(folder / f"<{fqn}>", data)).tree
 
 
-def _reader_and_planner(folder: Path, metadata: Any) -> tuple[Any, Any]:
+def _reader_and_planner(folder: Path, metadata: Metadata
+                        ) -> tuple[FileSystemReader, DefaultLoadPlanner]:
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.planner import ReadItem
 
     class SafeReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
             return metadata
 
     class SafePlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             fqn = read_item.dest_index.fqn
             self.state_dict[fqn] = _byte_item(folder, fqn, value.getvalue())
 
     return SafeReader(folder), SafePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
 
 
-def _checked_shape(folder: Path, fqn: str, item: Any, data_bytes: int) -> tuple[Any, Any]:
+def _checked_shape(folder: Path, fqn: str, item: object, data_bytes: int
+                   ) -> tuple[tuple[int, ...], torch.dtype]:
     """The tensor's shape and dtype, refused before allocating if the data cannot hold it."""
     import torch
 
@@ -209,8 +220,8 @@ def _checked_shape(folder: Path, fqn: str, item: Any, data_bytes: int) -> tuple[
     return tuple(size), dtype
 
 
-def _chunks_tile(folder: Path, fqn: str, item: Any, shape: tuple[int, ...],
-                 storage: dict[Any, Any]) -> None:
+def _chunks_tile(folder: Path, fqn: str, item: object, shape: tuple[int, ...],
+                 storage: Mapping[object, object]) -> None:
     """Prove the item's chunks tile its declared shape, each with data, before torch
     allocates the tensor uninitialized (``torch.empty``) for DCP to fill: an element no
     chunk covers would be written out as whatever memory held."""
@@ -239,9 +250,9 @@ def _sizes(value: object, rank: int) -> TypeGuard[tuple[int, ...]]:
             and all(type(d) is int and d >= 0 for d in value))
 
 
-def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
+def _set(tree: dict[Key, Tree], path: tuple[Key, ...], value: Tree) -> None:
     """Place ``value`` at ``path`` as DCP's traversal does: ints index lists, strs key dicts."""
-    node: Any = tree
+    node: Tree = tree
     for part, following in zip(path, (*path[1:], None), strict=True):
         last = following is None
         if isinstance(node, list):
@@ -263,7 +274,7 @@ def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
             raise TypeError(part)
 
 
-def _planner_facts(metadata: Any, paths: dict[str, Any], files: tuple[Path, ...]
+def _planner_facts(metadata: Metadata, paths: Mapping[str, Sequence[Key]], files: tuple[Path, ...]
                    ) -> dict[str, str]:
     """What the DCP planner recorded, as strings for reports (``inspect``)."""
     import json
@@ -320,9 +331,9 @@ class DcpReader:
                              "paths", folder)
         files = source.files
         data_bytes = sum(f.stat().st_size for f in files if f.suffix == ".distcp")
-        tree: dict[Any, Any] = {}
+        tree: dict[Key, Tree] = {}
         for fqn, item in items.items():
-            value: Any = None
+            value: torch.Tensor | None = None
             if isinstance(item, TensorStorageMetadata):
                 shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
                 _chunks_tile(folder, fqn, item, shape, metadata.storage_data)
@@ -363,7 +374,7 @@ class DcpReader:
 def _inner_error(exc: BaseException) -> CkptportError | None:
     """A ckptport error raised inside torch's DCP machinery (it wraps them)."""
     seen: set[int] = set()
-    stack: list[Any] = [exc]
+    stack: list[object] = [exc]
     while stack:
         current = stack.pop()
         if not isinstance(current, BaseException) or id(current) in seen:

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..sources import check_regular
+from ..tree import Key, Tree
 from .base import Layout, Names, ReadOptions, Source, Where
 from .dcp import METADATA_FILE, DcpReader
 from .folders import listing
@@ -108,7 +109,7 @@ class MegatronReader(DcpReader):
                 raise InputError(f"holds {type(state).__name__}, not the dict megatron saves",
                                  common_path)
             state = {}  # a report's reading of a file that would run code: its globals count
-        tree = _grouped(sharded.tree)
+        tree = _grouped(cast("dict[Key, Tree]", sharded.tree))  # DcpReader._load: a dict
         both = sorted(set(state) & set(tree), key=str)
         if both:
             raise InputError(f"{both[0]!r} is both in {COMMON} and in the sharded state: "
@@ -120,23 +121,24 @@ class MegatronReader(DcpReader):
         return Checkpoint({**state, **tree}, facts)
 
 
-def _grouped(items: dict[str, Any]) -> dict[str, Any]:
+def _grouped(items: dict[Key, Tree]) -> dict[Key, Tree]:
     """The sharded items as megatron's trainers hold them: the model's tensors under
     ``model``, the distributed optimizer's (keys ``optimizer.…``) under ``optimizer``, by
     their sharded keys; ``ShardedObject``s beside them under theirs."""
     from ..tree import is_tensor
 
-    grouped: dict[str, Any] = {}
+    grouped: dict[Key, Tree] = {}
     for key, value in items.items():
         if not is_tensor(value):
             grouped[key] = value
         else:
-            home = OPTIMIZER if key.startswith(f"{OPTIMIZER}.") else MODEL
-            grouped.setdefault(home, {})[key] = value
+            home = OPTIMIZER if isinstance(key, str) and key.startswith(f"{OPTIMIZER}.") \
+                else MODEL
+            cast("dict[Key, Tree]", grouped.setdefault(home, {}))[key] = value
     return grouped
 
 
-def _backends(path: Path) -> dict[str, Any]:
+def _backends(path: Path) -> dict[str, str | int | float | bool]:
     """``metadata.json``: the backends megatron saved with; only ``torch_dist`` and a
     ``torch`` common file are read."""
     check_regular(path)

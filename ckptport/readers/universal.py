@@ -20,13 +20,13 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from ..checkpoint import Checkpoint, Format
-from ..dtypes import DTYPES
+from ..dtypes import DTYPES, dtype_of
 from ..errors import InputError
 from ..tensors import Pending
-from ..tree import is_tensor
+from ..tree import Key, TensorLeaf, Tree, is_tensor
 from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import LayoutError, merged_facts, or_problem
 
@@ -75,21 +75,22 @@ class UniversalReader:
         parts = [states]
         if states.source.refused_globals:  # lenient: name them, read nothing further
             return Checkpoint({}, merged_facts(folder, FORMAT, parts, files[:1], {}))
-        module = states.tree.get("module") if isinstance(states.tree, dict) else None
+        held = states.tree if isinstance(states.tree, dict) else {}
+        module = held.get("module")
         if not isinstance(module, dict):
             raise InputError("has no 'module': not DeepSpeed model states", files[0])
         masters = {path.parent.name: path for path in files[1:]}
-        made: dict[str, Any] = {}
+        made: dict[str, TensorLeaf] = {}
         for key, path in masters.items():
             part = self.load_file(path, options)
             parts.append(part)
             if part.source.refused_globals:  # lenient: name them
                 return Checkpoint({}, merged_facts(folder, FORMAT, parts, files, {}))
             made[key] = _master(part.tree, module.get(key), path)
-        tree = _ordered(module, made, states.tree, folder)
+        tree = _ordered(module, made, held, folder)
         metadata = {"framework": "deepspeed universal checkpoint", "master_dtype": "float32",
                     "parameters": str(len(tree))}
-        version = states.tree.get("ds_version")
+        version = held.get("ds_version")
         if isinstance(version, str):
             metadata["deepspeed_version"] = version
         extra = [k for k in made if k not in module]
@@ -98,8 +99,8 @@ class UniversalReader:
         return Checkpoint(tree, merged_facts(folder, FORMAT, parts, files, metadata, notes))
 
 
-def _ordered(module: dict[str, Any], made: dict[str, Any], states: dict[str, Any],
-             folder: Path) -> dict[str, Any]:
+def _ordered(module: dict[Key, Tree], made: dict[str, TensorLeaf], states: dict[Key, Tree],
+             folder: Path) -> dict[Key, Tree]:
     """The weights in the module's order: a tied name (``shared_params``) its target's;
     each other name its ``fp32.pt``; a buffer the universal save left out, the module's, in
     fp32; then the ``fp32.pt`` of names the module lacks."""
@@ -107,8 +108,8 @@ def _ordered(module: dict[str, Any], made: dict[str, Any], states: dict[str, Any
     buffers = set(buffers) if isinstance(buffers, list) else set()
     shared = states.get("shared_params")
     shared = shared if isinstance(shared, dict) else {}
-    tree: dict[str, Any] = OrderedDict()
-    missing: list[str] = []
+    tree: dict[Key, Tree] = OrderedDict()
+    missing: list[Key] = []
     for key, copy in module.items():
         if shared.get(key) in made:  # a tie, as zero_to_fp32 restores it (the tied name's
             tree[key] = made[shared[key]]  # own fp32.pt is the half-precision copy, cast)
@@ -124,14 +125,14 @@ def _ordered(module: dict[str, Any], made: dict[str, Any], states: dict[str, Any
     if missing:
         raise LayoutError(f"has no {ZERO}/{missing[0]}/{MASTER} for the module's "
                           f"{missing[0]!r} ({len(missing)} of its tensors have none: "
-                          f"{', '.join(missing[:4])}): a partly copied universal checkpoint, "
-                          "or frozen parameters of a ZeRO-3 save, which ds_to_universal "
-                          "leaves out (read the original save folder)", folder)
+                          f"{', '.join(map(str, missing[:4]))}): a partly copied universal "
+                          "checkpoint, or frozen parameters of a ZeRO-3 save, which "
+                          "ds_to_universal leaves out (read the original save folder)", folder)
     tree.update((k, v) for k, v in made.items() if k not in tree)
     return tree
 
 
-def _master(value: Any, copy: Any, path: Path) -> Any:
+def _master(value: Tree, copy: Tree, path: Path) -> TensorLeaf:
     """The fp32 tensor of one ``fp32.pt`` (``{'param': …}``, a bare tensor at ZeRO-3),
     checked against the module's copy of it."""
     if is_tensor(value):
@@ -140,9 +141,9 @@ def _master(value: Any, copy: Any, path: Path) -> Any:
         held = ", ".join(map(str, value)) if isinstance(value, dict) else type(value).__name__
         raise InputError(f"is not a universal checkpoint parameter ('param' and 'cat_dim' "
                          f"only; holds {held})", path)
-    param = value["param"]
+    param = cast("TensorLeaf", value["param"])  # is_tensor: checked above
     if param.dtype != DTYPES["float32"]:
-        raise InputError(f"holds a {param.dtype.name} 'param', not the fp32 weight", path)
+        raise InputError(f"holds a {dtype_of(param).name} 'param', not the fp32 weight", path)
     if is_tensor(copy) and copy.numel() and tuple(copy.shape) != tuple(param.shape):
         raise LayoutError(f"{path.parent.name}: {MASTER} holds {list(param.shape)}, the "
                           f"module {list(copy.shape)}: files of different models", path.parent)
