@@ -22,7 +22,7 @@ from ..compare import tie_groups, tree_mismatches
 from ..errors import VerificationError
 from ..tensors import to_torch
 from ..tree import TensorLeaf, Tree, is_tensor
-from . import WriteOptions, WriteResult, count_tensors, unique_bytes
+from .base import WriteOptions, WriteResult, count_tensors, unique_bytes
 from .plan import Destination
 from .pth import require_torch_dtypes
 from .staging import os_error, publish_folder, staged_folder

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..sources import SourceFile
-    from . import Tap, WriteOptions
+    from .base import Tap, WriteOptions
 
 __all__ = ["PthFile", "write_pth", "canonical", "PICKLE_PROTOCOL"]
 

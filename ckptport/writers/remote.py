@@ -35,7 +35,7 @@ from ..checkpoint import Checkpoint
 from ..errors import OutputError
 from ..remote import location
 from ..remote.urls import RemotePath
-from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
+from .base import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .formats import FORMATS, Kind
 from .plan import Destination, file_extension, plan_destination
 from .shards import ShardNames, ShardsWriter

@@ -41,7 +41,7 @@ from .copy import RangeCopier
 from .staging import preallocate
 
 if TYPE_CHECKING:
-    from . import Tap, WriteOptions
+    from .base import Tap, WriteOptions
     from .provenance import Provenance
 
 __all__ = ["Late", "MetadataValue", "SafetensorsFile", "SafetensorsPlan", "provenance_metadata",

@@ -35,7 +35,7 @@ from ..checkpoint import Checkpoint
 from ..errors import OutputError, OutputExistsError
 from ..tensors import ViewKey, nbytes, storage_key, view_key
 from ..tree import KEY_ALIASES, TensorLeaf, is_state_dict, is_tensor, rebuild_dict
-from . import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
+from .base import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .formats import OutputFormat
 from .plan import Destination, same_file
 from .staging import fsync_dir, os_error, staged_file, staged_folder
