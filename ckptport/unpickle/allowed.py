@@ -16,9 +16,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from functools import cache
-from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any
+from pathlib import PurePath, PurePosixPath, PureWindowsPath
 
+from ..tree import Tree
 from . import names
 from .distributed_values import distributed_table
 from .names import Kind
@@ -41,22 +41,22 @@ from .values import (
 __all__ = ["table", "allowed_names", "getattr_record"]
 
 
-def _concrete(value: Any, what: str) -> Any:
+def _concrete(value: object, what: str) -> object:
     if type(value) not in (list, tuple, set, frozenset, dict, str, bytes, bytearray):
         raise Refusal(f"{what} takes a list, not {type(value).__name__}")
     return value
 
 
-def _collection(kind: type) -> Callable[..., Any]:
-    def build(items: Any = ()) -> Any:
+def _collection(kind: type) -> Callable[..., Tree]:
+    def build(items: object = ()) -> Tree:
         return kind(_concrete(items, kind.__name__))
 
     return build
 
 
-def _mapping(kind: type) -> Callable[..., Any]:
+def _mapping(kind: type) -> Callable[..., Tree]:
     """OrderedDict and Counter from what their pickles pass: nothing, pairs or a dict."""
-    def build(items: Any = ()) -> Any:
+    def build(items: object = ()) -> Tree:
         if type(items) not in (list, tuple, dict):
             raise Refusal(f"{kind.__name__} takes a list of pairs, not "
                           f"{type(items).__name__}")
@@ -65,8 +65,8 @@ def _mapping(kind: type) -> Callable[..., Any]:
     return build
 
 
-def _bytes_call(kind: type) -> Callable[..., Any]:
-    def build(data: Any = b"", encoding: Any = None) -> Any:
+def _bytes_call(kind: type[bytes] | type[bytearray]) -> Callable[..., bytes | bytearray]:
+    def build(data: object = b"", encoding: object = None) -> bytes | bytearray:
         if isinstance(data, str) and encoding in ("latin1", "latin-1"):
             return kind(data.encode("latin-1"))
         if isinstance(data, (bytes, bytearray)):
@@ -79,8 +79,8 @@ def _bytes_call(kind: type) -> Callable[..., Any]:
     return build
 
 
-def _scalar_call(kind: type) -> Callable[..., Any]:
-    def build(*args: Any) -> Any:
+def _scalar_call(kind: type) -> Callable[..., Tree]:
+    def build(*args: object) -> Tree:
         if len(args) > 1 or any(type(a) not in (int, float, str, bool) or
                                 (isinstance(a, str) and len(a) > 4096) for a in args):
             raise Refusal(f"{kind.__name__} takes one number or short string")
@@ -89,54 +89,58 @@ def _scalar_call(kind: type) -> Callable[..., Any]:
     return build
 
 
-def _complex(*args: Any) -> complex:
-    if len(args) > 2 or not all(type(a) in (int, float) for a in args):
+def _complex(*args: object) -> complex:
+    numbers = [a for a in args if type(a) is int or type(a) is float]
+    if len(args) > 2 or len(numbers) != len(args):
         raise Refusal("complex takes numbers")
-    return complex(*args)
+    return complex(*numbers)
 
 
-def _slice(*args: Any) -> slice:
-    if len(args) > 3 or not all(a is None or type(a) is int for a in args):
+def _slice(*args: object) -> slice:
+    bounds = [a for a in args if a is None or type(a) is int]
+    if len(args) > 3 or len(bounds) != len(args):
         raise Refusal("slice takes ints")
-    return slice(*args)
+    return slice(*bounds)
 
 
-def _range(*args: Any) -> range:
-    if not 1 <= len(args) <= 3 or not all(type(a) is int for a in args):
+def _range(*args: object) -> range:
+    ints = [a for a in args if type(a) is int]
+    if not 1 <= len(args) <= 3 or len(ints) != len(args):
         raise Refusal("range takes ints")
-    return range(*args)
+    return range(*ints)
 
 
-def _type_tag(value: Any, tag: Any) -> Any:
+def _type_tag(value: Tree, tag: object) -> Tree:
     """TorchScript's annotation of a container's element type: the value is the data."""
     if not isinstance(tag, str):
         raise Refusal("restore_type_tag takes a type name")
     return value
 
 
-def _encode(text: Any, encoding: Any = "latin1") -> bytes:
+def _encode(text: object, encoding: object = "latin1") -> bytes:
     """``_codecs.encode`` as protocol 2 uses it for ``bytes``: latin-1 text only."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
         raise Refusal("_codecs.encode takes (str, 'latin1')")
     return text.encode("latin-1")
 
 
-def _defaultdict(factory: Any = None) -> DefaultDict:
+def _defaultdict(factory: object = None) -> DefaultDict:
     made = DefaultDict()
     made.default_factory = factory  # named in reports; never called
     return made
 
 
-def _path(kind: type) -> Callable[..., str]:
-    def build(*parts: Any) -> str:
-        if not all(isinstance(p, str) for p in parts):
+def _path(kind: type[PurePath]) -> Callable[..., str]:
+    def build(*parts: object) -> str:
+        texts = [p for p in parts if isinstance(p, str)]
+        if len(texts) != len(parts):
             raise Refusal("a path takes strings")
-        return str(kind(*parts))
+        return str(kind(*texts))
 
     return build
 
 
-def getattr_record(target: Any, name: Any, default: tuple[Any, ...],
+def getattr_record(target: object, name: object, default: tuple[object, ...],
                    on_code: CodeHook) -> type[Recorded]:
     """``getattr(Class, "NAME")`` as pickles use it for enum members and methods
     (ultralytics' ``Detect.forward``, FSDP's enum members). The target is always
@@ -169,11 +173,11 @@ def getattr_record(target: Any, name: Any, default: tuple[Any, ...],
                         runs=verdict.called, on_code=on_code)
 
 
-def _getattr(target: Any = None, name: Any = None, *default: Any) -> Any:
+def _getattr(target: object = None, name: object = None, *default: object) -> type[Recorded]:
     return getattr_record(target, name, default, refuse_code)
 
 
-def _new(cls: Any, args: tuple[Any, ...]) -> Any:
+def _new(cls: object, args: tuple[Tree, ...]) -> Recorded | Namespace:
     """What ``cls.__new__(cls, *args)`` makes, for the classes a pickle may create that way."""
     if isinstance(cls, type) and issubclass(cls, Recorded):
         return cls.__new__(cls, *args)
@@ -182,24 +186,24 @@ def _new(cls: Any, args: tuple[Any, ...]) -> Any:
     raise Refusal("creates an object ckptport does not create that way")
 
 
-def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+def _reconstructor(cls: object, base: object, state: Tree) -> Recorded | Namespace:
     if not (isinstance(base, Marker) and base.name == "builtins.object"):
         raise Refusal("copyreg._reconstructor over a base other than object")
     return _new(cls, () if state is None else (state,))
 
 
-def _newobj(cls: Any, *args: Any) -> Any:
+def _newobj(cls: object, *args: Tree) -> Recorded | Namespace:
     return _new(cls, args)
 
 
-def _newobj_ex(cls: Any, args: Any, kwargs: Any) -> Any:
+def _newobj_ex(cls: object, args: object, kwargs: object) -> Recorded | Namespace:
     if not isinstance(args, tuple) or kwargs:
         raise Refusal("copyreg.__newobj_ex__ with keyword arguments")
     return _new(cls, args)
 
 
-def _plain_table() -> dict[str, Any]:
-    table: dict[str, Any] = {
+def _plain_table() -> dict[str, object]:
+    table: dict[str, object] = {
         "collections.OrderedDict": Allowed("collections.OrderedDict", _mapping(
             collections.OrderedDict)),
         "collections.Counter": Allowed("collections.Counter", _mapping(collections.Counter)),
@@ -242,7 +246,7 @@ def _plain_table() -> dict[str, Any]:
 
 
 @cache
-def table() -> dict[str, Any]:
+def table() -> dict[str, object]:
     """Qualified name -> what a pickle gets for it."""
     return {**_plain_table(), **torch_table(), **numpy_table(), **distributed_table(),
             **torchao_table()}

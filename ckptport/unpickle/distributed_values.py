@@ -1,45 +1,32 @@
-"""Distributed training's globals as data: DTensor, ShardedTensor, DeepSpeed's and Megatron's
-records.
+"""Distributed tensors as data: DTensor and ShardedTensor, read from their pickled state.
 
 ``torch.save`` of an FSDP or tensor-parallel state dict pickles DTensors
 and ShardedTensors as wrapper subclasses whose state names the device mesh,
-the placements and the shard metadata; DeepSpeed's rank files pickle its
-loss scaler, its ZeRO stage enum and fragment addresses; Megatron-LM's ``args``
-in a ``dist_checkpointing`` save's ``common.pt`` hold megatron's enums
-(``AttnBackend.auto``), each a call with its value.
-``torch.load(weights_only=True)`` reads the torch ones as data, so must
-ckptport: every class here is an inert record whose state is checked to be
-plain data (``DataRecord``), never the real class, and a distributed tensor
-becomes either its local tensor (when the file holds it whole: world size
-1, ``Replicate``) or a ``ShardRecord``: the local shard described, where it
-lies in the global tensor, the placements and the global shape, which the
-rank-file readers assemble. Nothing here imports torch, DeepSpeed or megatron.
+the placements and the shard metadata. ``torch.load(weights_only=True)``
+reads them as data, so must ckptport: the state's parts are inert records
+of plain data (``data_records``), never the real classes, and a
+distributed tensor becomes either its local tensor (when the file holds it
+whole: world size 1, ``Replicate``) or a ``ShardRecord``: the local shard
+described, where it lies in the global tensor, the placements and the
+global shape, which the rank-file readers assemble. Nothing here imports
+torch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
 
 from ..dtypes import DType
 from ..sealed import sealed
 from ..tensors import TensorInfo
-from ..tree import ObjectRecord, RecordKind
+from ..tree import ObjectRecord, RecordKind, Tree
+from .data_records import DataRecord, data_class, record_of, records_table, slots_state
 from .torch_values import _from_type
-from .values import (
-    Allowed,
-    Device,
-    Marker,
-    Recorded,
-    Refusal,
-    Size,
-    Unsupported,
-    _ReadOnlyType,
-)
+from .values import Allowed, Refusal, Size, Unsupported
 
-__all__ = ["distributed_table", "DataRecord", "ShardRecord", "ShardLayout", "Piece",
-           "DTENSOR", "SHARDED_TENSOR"]
+__all__ = ["distributed_table", "ShardRecord", "ShardLayout", "Piece", "DTENSOR",
+           "SHARDED_TENSOR"]
 
 DTENSOR = "torch.distributed.tensor.DTensor"
 SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
@@ -71,103 +58,7 @@ _SHARDED_TENSOR_PARTS = (
     _ENUMERABLE,
     "torch.distributed.remote_device._remote_device",
 )
-_DEEPSPEED_PARTS = (
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-    "deepspeed.checkpoint.utils.fragment_address",
-)
-# the enums Megatron-LM's args hold in a dist_checkpointing save's common.pt: a value each
-_MEGATRON_ENUMS = (
-    "megatron.core.enums.ModelType", "megatron.core.enums.Fp8Recipe",
-    "megatron.core.enums.Fp4Recipe", "megatron.core.transformer.enums.ModelType",
-    "megatron.core.transformer.enums.LayerType", "megatron.core.transformer.enums.AttnType",
-    "megatron.core.transformer.enums.AttnMaskType",
-    "megatron.core.transformer.enums.AttnBackend",
-    "megatron.core.transformer.enums.CudaGraphScope",
-)
-_ZERO_STAGE = "deepspeed.runtime.zero.config.ZeroStageEnum"
 _MAX_DIMS = 64
-
-
-# -- records of plain data -------------------------------------------------------------
-
-
-def _plain(value: Any, depth: int = 0) -> bool:
-    """Data a record's state may hold: scalars, containers of them, other records, tensors."""
-    if depth > 16:
-        return False
-    if value is None or type(value) in (str, int, float, bool, bytes):
-        return True
-    if isinstance(value, (TensorInfo, Size, DType, Device, ObjectRecord, Marker)):
-        return True
-    if isinstance(value, type) and issubclass(value, Recorded) and not value.dangerous:
-        return True  # an enum member fetched with getattr: an inert stand-in
-    if type(value) in (list, tuple):
-        return all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(type(k) in (str, int) and _plain(v, depth + 1) for k, v in value.items())
-    return False
-
-
-class _Discarded(list):  # type: ignore[type-arg]
-    """The registry of stand-ins made from a record's attribute (``getattr(ShardedTensor,
-    "ProcessGroupState")``): class-level, so it keeps nothing; they are data, no verdict."""
-
-    def append(self, value: Any) -> None:
-        pass
-
-
-class DataRecord(Recorded):
-    """An instance of an allowed distributed class: its arguments and state, checked plain.
-
-    Made through ``__new__`` (``NEWOBJ``, a named tuple's arguments) or a
-    call; ``BUILD`` takes a dict, or the ``(slots, dict)`` pair of classes
-    with ``__slots__``. The real class is never imported.
-    """
-
-    registry: ClassVar[list[Recorded]] = _Discarded()  # what getattr's stand-ins make
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> DataRecord:
-        if kwargs or not all(_plain(a) for a in args):
-            raise Refusal(f"{cls.record_name} takes plain values")
-        self = object.__new__(cls)
-        ObjectRecord.__init__(self, cls.record_name, RecordKind.INSTANCE, args, {})
-        self.called, self.order = True, -1
-        return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # the call is __new__'s
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        state = _slots(state)
-        if isinstance(state, tuple) and _plain(state):  # a __setstate__ taking a tuple
-            self.state = state
-            return
-        if not (isinstance(state, dict) and all(type(k) is str for k in state)
-                and _plain(state)):
-            raise Refusal(f"the state of {self.record_name} must be plain values")
-        self.state = {**self.state, **state} if isinstance(self.state, dict) else state
-
-    def field(self, name: str) -> Any:
-        return self.state.get(name) if isinstance(self.state, dict) else None
-
-
-def _data_class(name: str) -> type[DataRecord]:
-    short = name.rpartition(".")[2]
-    made: type[DataRecord] = _ReadOnlyType(short, (DataRecord,), {  # type: ignore[assignment]
-        "record_name": name, "__qualname__": short, "__module__": name.rpartition(".")[0]})
-    return made
-
-
-def _zero_stage(value: Any) -> int:
-    """``ZeroStageEnum(2)``: the stage number is the data."""
-    if type(value) is not int or not 0 <= value <= 3:
-        raise Refusal("ZeroStageEnum takes a stage number 0..3")
-    return value
-
-
-# -- distributed tensors ---------------------------------------------------------------
 
 
 @sealed
@@ -222,15 +113,16 @@ class _Shell:
     requires_grad: bool
 
 
-def _ints(value: Any, what: str) -> tuple[int, ...]:
+def _ints(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) > _MAX_DIMS or not all(
             type(v) is int and v >= 0 for v in value):
         raise Refusal(f"{what} must be a short tuple of non-negative ints")
     return tuple(value)
 
 
-def _wrapper(cls: Any, dtype: Any, size: Any, stride: Any, offset: Any, layout: Any,
-             device: Any, requires_grad: Any, *rest: Any) -> Any:
+def _wrapper(cls: object, dtype: object, size: object, stride: object, offset: object,
+             layout: object, device: object, requires_grad: object, *rest: object
+             ) -> _Shell | Unsupported:
     if not (isinstance(cls, type) and issubclass(cls, DataRecord)
             and cls.record_name in (DTENSOR, SHARDED_TENSOR)):
         return Unsupported("a tensor subclass (only DTensor and ShardedTensor are read)")
@@ -240,14 +132,15 @@ def _wrapper(cls: Any, dtype: Any, size: Any, stride: Any, offset: Any, layout: 
                   requires_grad)
 
 
-def _from_type_distributed(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+def _from_type_distributed(func: object, new_type: object, args: object, state: object
+                           ) -> Tree:
     """``_rebuild_from_type_v2``: DTensor and ShardedTensor here, plain tensors in torch_values."""
     if not (isinstance(func, Allowed) and func.name == _WRAPPER):
         return _from_type(func, new_type, args, state)
     if not isinstance(args, tuple):
         raise Refusal("a wrapper subclass rebuilt from something other than a tuple")
     shell = func(*args)
-    if isinstance(shell, Unsupported):
+    if not isinstance(shell, _Shell):  # Unsupported: a wrapper subclass of another kind
         return shell
     if new_type is not _TENSOR_CLASSES[shell.kind]:
         raise Refusal("a distributed tensor rebuilt as another class")
@@ -255,7 +148,7 @@ def _from_type_distributed(func: Any, new_type: Any, args: Any, state: Any) -> A
     return _value(shell, layout)
 
 
-def _value(shell: _Shell, layout: ShardLayout) -> Any:
+def _value(shell: _Shell, layout: ShardLayout) -> TensorInfo | ShardRecord:
     """The local tensor when it is the whole tensor, else the shard's record."""
     for piece in layout.pieces:
         if piece.tensor.dtype != shell.dtype:
@@ -278,21 +171,17 @@ def _value(shell: _Shell, layout: ShardLayout) -> Any:
     return ShardRecord(shell.kind, RecordKind.INSTANCE, (), {}, state, {}, [], layout)
 
 
-def _record(value: Any, name: str, what: str) -> DataRecord:
-    if not (isinstance(value, DataRecord) and value.record_name == name):
-        raise Refusal(f"{what} is not a {name.rpartition('.')[2]}")
-    return value
-
-
 def _mesh(spec: DataRecord) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The mesh's shape and the saving rank's coordinates on it."""
-    mesh = _record(spec.field("mesh"), "torch.distributed.device_mesh.DeviceMesh",
-                   "a DTensor's mesh")
+    mesh = record_of(spec.field("mesh"), "torch.distributed.device_mesh.DeviceMesh",
+                     "a DTensor's mesh")
     coordinates = mesh.field("_coordinate_on_dim")
     layout, ranks = mesh.field("_layout"), mesh.field("mesh")
-    if isinstance(layout, DataRecord) and isinstance(layout.field("axes"), (tuple, list)):
+    axes = layout.field("axes") if isinstance(layout, DataRecord) else None
+    shape: list[int]
+    if isinstance(axes, (tuple, list)):
         shape = []
-        for axis in layout.field("axes"):
+        for axis in axes:
             sizes = axis.field("shape") if isinstance(axis, DataRecord) else None
             shape.append(math.prod(_ints(sizes, "a mesh axis's shape")))
     elif isinstance(ranks, TensorInfo):
@@ -305,7 +194,7 @@ def _mesh(spec: DataRecord) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(shape), coords
 
 
-def _placement(value: Any) -> tuple[str, int | None]:
+def _placement(value: object) -> tuple[str, int | None]:
     """A placement's name for reports and the dimension it shards (None: replicated)."""
     if isinstance(value, DataRecord):
         short = value.record_name.rpartition(".")[2]
@@ -322,26 +211,18 @@ def _placement(value: Any) -> tuple[str, int | None]:
     raise Refusal("a DTensor placement ckptport does not assemble (_StridedShard or unknown)")
 
 
-def _slots(state: Any) -> Any:
-    """A tensor subclass's pickled state: a dict, or the (dict, slots) pair of one with slots."""
-    if isinstance(state, tuple) and len(state) == 2 and (
-            state[0] is None or isinstance(state[0], dict)) and isinstance(state[1], dict):
-        return {**(state[0] or {}), **state[1]}
-    return state
-
-
-def _dtensor(shell: _Shell, state: Any) -> ShardLayout:
+def _dtensor(shell: _Shell, state: Tree) -> ShardLayout:
     """A DTensor's local shard and where it lies, as torch's
     ``compute_local_shape_and_global_offset`` places it: each sharded mesh dimension
     splits the tensor dimension in chunks of ``ceil(n / k)``."""
-    state = _slots(state)
+    state = slots_state(state)
     if not isinstance(state, dict):
         raise Refusal("a DTensor's state must be a dict")
     local = state.get("_local_tensor")
     if not isinstance(local, TensorInfo):
         raise Refusal("a DTensor without a local tensor")
-    spec = _record(state.get("_spec"), "torch.distributed.tensor._dtensor_spec.DTensorSpec",
-                   "a DTensor's spec")
+    spec = record_of(state.get("_spec"), "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+                     "a DTensor's spec")
     mesh_shape, coords = _mesh(spec)
     placements = spec.field("placements")
     if not isinstance(placements, (tuple, list)) or len(placements) != len(mesh_shape):
@@ -367,9 +248,9 @@ def _dtensor(shell: _Shell, state: Any) -> ShardLayout:
                        (Piece(tuple(offsets), local),), tuple(n for n, _ in named))
 
 
-def _box(metadata: Any) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
-    meta = _record(metadata, "torch.distributed._shard.metadata.ShardMetadata",
-                   "a shard's metadata")
+def _box(metadata: Tree) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
+    meta = record_of(metadata, "torch.distributed._shard.metadata.ShardMetadata",
+                     "a shard's metadata")
     offsets = _ints(meta.field("shard_offsets"), "shard offsets")
     sizes = _ints(meta.field("shard_sizes"), "shard sizes")
     if len(offsets) != len(sizes):
@@ -379,12 +260,12 @@ def _box(metadata: Any) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
     return offsets, sizes, rank if type(rank) is int else None
 
 
-def _sharded_tensor(shell: _Shell, state: Any) -> ShardLayout:
+def _sharded_tensor(shell: _Shell, state: Tree) -> ShardLayout:
     """A ShardedTensor's local shards and the boxes its metadata says every rank holds."""
     if not (isinstance(state, tuple) and len(state) >= 2 and isinstance(state[0], list)):
         raise Refusal("a ShardedTensor's state must be (local shards, metadata, ...)")
-    metadata = _record(state[1], "torch.distributed._shard.sharded_tensor.metadata."
-                       "ShardedTensorMetadata", "a ShardedTensor's metadata")
+    metadata = record_of(state[1], "torch.distributed._shard.sharded_tensor.metadata."
+                         "ShardedTensorMetadata", "a ShardedTensor's metadata")
     shape = _ints(metadata.field("size"), "a ShardedTensor's size")
     if shape != shell.shape:
         raise Refusal(f"a ShardedTensor of size {shell.shape} whose metadata says {shape}")
@@ -394,8 +275,8 @@ def _sharded_tensor(shell: _Shell, state: Any) -> ShardLayout:
     boxes = [_box(m) for m in listed]
     pieces, ranks = [], []
     for shard in state[0]:
-        record = _record(shard, "torch.distributed._shard.sharded_tensor.shard.Shard",
-                         "a local shard")
+        record = record_of(shard, "torch.distributed._shard.sharded_tensor.shard.Shard",
+                           "a local shard")
         tensor = record.field("tensor")
         if not isinstance(tensor, TensorInfo):
             raise Refusal("a local shard without a tensor")
@@ -415,24 +296,24 @@ def _sharded_tensor(shell: _Shell, state: Any) -> ShardLayout:
                        (f"{spec}({len(boxes)} shards)",), tuple((o, s) for o, s, _ in boxes))
 
 
-def _process_group(value: Any) -> tuple[int, int] | None:
+def _process_group(value: Tree) -> tuple[int, int] | None:
     """The saving rank and the world size of the group a ShardedTensor is sharded over
     (``ShardedTensor.ProcessGroupState``), when it is the whole world; None for a subgroup
     (HYBRID_SHARD's), whose shards the placements alone place."""
     if value is None:
         return None
-    fields: list[Any] = [value.state.get(n) for n in _GROUP_FIELDS] if (
-        isinstance(value, ObjectRecord) and value.name == _GROUP_STATE
-        and isinstance(value.state, dict)) else []  # getattr's stand-in, built from a dict
-    if len(fields) != 4 or not all(type(f) is int for f in fields) or not (
-            0 <= fields[0] < fields[2] and 0 <= fields[1] < fields[3]):
+    state = value.state if isinstance(value, ObjectRecord) and value.name == _GROUP_STATE \
+        else None  # getattr's stand-in, built from a dict
+    fields = [state.get(n) for n in _GROUP_FIELDS] if isinstance(state, dict) else []
+    ints = [f for f in fields if type(f) is int]
+    if len(ints) != 4 or not (0 <= ints[0] < ints[2] and 0 <= ints[1] < ints[3]):
         raise Refusal("a ShardedTensor's process group state is not a ProcessGroupState "
                       "of ranks")
-    local, _, size, world = fields
+    local, _, size, world = ints
     return (local, size) if size == world else None
 
 
-def _spec(value: Any, boxes: list[tuple[tuple[int, ...], tuple[int, ...], int | None]]) -> str:
+def _spec(value: Tree, boxes: list[tuple[tuple[int, ...], tuple[int, ...], int | None]]) -> str:
     """The sharding spec's name for reports. FSDP1 records a tensor held by one rank whole
     (one row over N ranks) as an ``EnumerableShardingSpec``: its shard list must be the
     metadata's own."""
@@ -445,15 +326,14 @@ def _spec(value: Any, boxes: list[tuple[tuple[int, ...], tuple[int, ...], int | 
     return "ChunkSharding"
 
 
-_TENSOR_CLASSES = {name: _data_class(name) for name in (DTENSOR, SHARDED_TENSOR)}
+_TENSOR_CLASSES = {name: data_class(name) for name in (DTENSOR, SHARDED_TENSOR)}
 
 
-def distributed_table() -> dict[str, Any]:
-    """Qualified name -> what a pickle gets for it; merged into ``allowed.table``."""
-    table: dict[str, Any] = {name: _data_class(name) for name in (
-        *_DTENSOR_PARTS, *_SHARDED_TENSOR_PARTS, *_DEEPSPEED_PARTS, *_MEGATRON_ENUMS)}
+def distributed_table() -> dict[str, object]:
+    """Qualified name -> what a pickle gets for it (the records of ``data_records`` too);
+    merged into ``allowed.table``."""
+    table = records_table((*_DTENSOR_PARTS, *_SHARDED_TENSOR_PARTS))
     table.update(_TENSOR_CLASSES)
     table[_WRAPPER] = Allowed(_WRAPPER, _wrapper)
     table[_FROM_TYPE] = Allowed(_FROM_TYPE, _from_type_distributed)
-    table[_ZERO_STAGE] = Allowed(_ZERO_STAGE, _zero_stage)
     return table

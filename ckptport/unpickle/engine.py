@@ -36,11 +36,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import BinaryIO
 
 from ..dtypes import DType
 from ..tensors import StorageInfo
-from ..tree import paused_gc
+from ..tree import Tree, paused_gc
 from . import names
 from .allowed import allowed_names, getattr_record, table
 from .names import Kind, Name
@@ -84,7 +84,7 @@ class PickleRefused(Exception):
 class Unpickled:
     """A pickle read: its settled value and every fact reports need about it."""
 
-    value: Any
+    value: Tree
     scan: Scan
     globals: tuple[Name, ...]
     dangerous: tuple[Name, ...] = ()
@@ -126,7 +126,7 @@ class _Load:
         self.seen: dict[str, Name] = {}
         self.dangerous: dict[str, Name] = {}
         self.registry: list[Recorded] = []
-        self.classes: dict[str, Any] = {}
+        self.classes: dict[str, type[Recorded]] = {}
         self.storages: dict[str, StorageRef] = {}
         self.references: Counter[str] = Counter()  # persistent loads per storage
         # neither holds the load itself: a cycle would keep every storage alive past the load
@@ -134,7 +134,7 @@ class _Load:
         self.getattr = Allowed("builtins.getattr", lambda target=None, name=None, *default:
                                getattr_record(target, name, default, code))
 
-    def find(self, module: str, name: str) -> Any:
+    def find(self, module: str, name: str) -> object:
         resolved = names.resolve(module, name, self.protocol)
         self.seen.setdefault(resolved.resolved, resolved)
         if "Storage" in name:  # torch resolves these by name, whatever the module says
@@ -161,7 +161,7 @@ class _Load:
             self.classes[resolved.resolved] = made
         return made
 
-    def persistent(self, pid: Any) -> Any:
+    def persistent(self, pid: object) -> StorageRef | type[Recorded]:
         if self.module_sources and isinstance(pid, tuple) and pid and \
                 pid[0] in ("module", b"module"):
             return _module_class(pid)
@@ -196,7 +196,7 @@ class _Load:
         return ref
 
 
-def _module_class(pid: tuple[Any, ...]) -> Any:
+def _module_class(pid: tuple[object, ...]) -> type[Recorded]:
     """A legacy file's ``('module', class, source_file, source)``: torch.save(model) records
     each module class's source this way and ``torch.load`` only compares it with the
     installed source (a warning). The class is the data: the stand-in ``find_class`` made."""
@@ -208,14 +208,14 @@ def _module_class(pid: tuple[Any, ...]) -> Any:
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: Any, load: _Load) -> None:
+    def __init__(self, file: BinaryIO, load: _Load) -> None:
         super().__init__(file, encoding="utf-8")  # what torch.load passes
         self._load = load
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - the gate itself
+    def find_class(self, module: str, name: str) -> object:  # noqa: D102 - the gate itself
         return self._load.find(module, name)
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> object:
         return self._load.persistent(pid)
 
 
@@ -232,7 +232,8 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
-def bounded(data: bytes, found: Scan, unpickler: Callable[[Any], Any]) -> Any:
+def bounded(data: bytes, found: Scan,
+            unpickler: Callable[[BinaryIO], pickle.Unpickler]) -> Tree:
     """Run ``unpickler(stream).load()`` over a scanned pickle with the C stack it may need.
 
     Collection passes are paused (millions of small containers make them
@@ -241,7 +242,7 @@ def bounded(data: bytes, found: Scan, unpickler: Callable[[Any], Any]) -> Any:
     """
     window = io.BufferedReader(io.BytesIO(memoryview(data)[found.start:found.end]),
                                buffer_size=max(found.end - found.start, 1))
-    result: list[Any] = []
+    result: list[Tree] = []
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -276,7 +277,7 @@ def _in_big_stack(work: Callable[[], None], depth: int) -> None:
     worker.join()
 
 
-def _run(data: bytes, found: Scan, load: _Load) -> Any:
+def _run(data: bytes, found: Scan, load: _Load) -> Tree:
     """C-unpickle one scanned pickle; returns the value or raises ``PickleRefused``."""
     try:
         return bounded(data, found, lambda stream: _Unpickler(stream, load))

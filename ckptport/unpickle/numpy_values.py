@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
+from ..tree import Tree
 from .values import Allowed, Marker, Refusal
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    _Dtype: TypeAlias = np.dtype[np.generic]  # numpy is imported only when a pickle needs it
 
 __all__ = ["numpy_table", "NumpyValue", "finalize"]
 
@@ -42,10 +48,10 @@ class NumpyDtype(NumpyValue):
 
     __slots__ = ("spec", "dtype")
 
-    def __init__(self, spec: str, dtype: Any) -> None:
+    def __init__(self, spec: str, dtype: _Dtype) -> None:
         self.spec, self.dtype = spec, dtype
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         self.dtype = _checked_dtype(self.dtype, state)
 
 
@@ -54,11 +60,11 @@ class NumpyArray(NumpyValue):
 
     __slots__ = ("shape", "dtype", "fortran", "data")
 
-    def __init__(self, shape: tuple[int, ...] = (0,), dtype: Any = None, fortran: bool = False,
-                 data: bytes = b"") -> None:
+    def __init__(self, shape: tuple[int, ...] = (0,), dtype: _Dtype | None = None,
+                 fortran: bool = False, data: bytes = b"") -> None:
         self.shape, self.dtype, self.fortran, self.data = shape, dtype, fortran, data
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         if not isinstance(state, tuple) or len(state) not in (4, 5) or (
                 len(state) == 5 and state[0] != 1):
             raise Refusal("malformed numpy array state")
@@ -74,21 +80,21 @@ class NumpyArray(NumpyValue):
 class NumpyScalar(NumpyValue):
     __slots__ = ("dtype", "data")
 
-    def __init__(self, dtype: Any, data: bytes) -> None:
+    def __init__(self, dtype: _Dtype, data: bytes) -> None:
         self.dtype, self.data = dtype, data
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         raise Refusal("a numpy scalar's data rewritten after it was built")
 
 
-def _ints(value: Any, what: str) -> tuple[int, ...]:
+def _ints(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0
                                                        for v in value):
         raise Refusal(f"{what} must be a tuple of non-negative ints")
     return tuple(value)
 
 
-def _bytes(value: Any, what: str) -> bytes:
+def _bytes(value: object, what: str) -> bytes:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     if isinstance(value, str):  # protocol 2 writes bytes as latin-1 text
@@ -96,7 +102,7 @@ def _bytes(value: Any, what: str) -> bytes:
     raise Refusal(f"{what} takes bytes, not {type(value).__name__}")
 
 
-def _plain(kind: Any) -> Any:
+def _plain(kind: object) -> _Dtype:
     """The genuine numpy dtype of a checked record, if it holds no objects or fields."""
     dtype = kind.dtype if isinstance(kind, NumpyDtype) else None
     if dtype is None or dtype.hasobject or dtype.names is not None or dtype.subdtype is not None:
@@ -104,18 +110,18 @@ def _plain(kind: Any) -> Any:
     return dtype
 
 
-def _flag(value: Any) -> bool:
+def _flag(value: object) -> bool:
     return type(value) in (bool, int) and value in (0, 1)
 
 
-def _plain_data(value: Any) -> bool:
+def _plain_data(value: object) -> bool:
     """Only what numpy's own dtype states hold, so comparing them runs no file-made ``==``."""
     if isinstance(value, tuple):
         return all(_plain_data(v) for v in value)
     return value is None or type(value) in (int, str, bytes)
 
 
-def _checked_dtype(target: Any, state: Any) -> Any:
+def _checked_dtype(target: _Dtype, state: object) -> _Dtype:
     """The dtype ``state`` describes, if it is a state numpy writes for a plain dtype.
 
     Compared with the states of genuine dtypes of the same kind in each byte
@@ -145,7 +151,7 @@ def _checked_dtype(target: Any, state: Any) -> Any:
     raise refused
 
 
-def _dtype(spec: Any, align: Any = False, copy: Any = False) -> NumpyDtype:
+def _dtype(spec: object, align: object = False, copy: object = False) -> NumpyDtype:
     import numpy as np
 
     # copy=False would share numpy's builtin dtype; numpy 1 wrote the flags as ints
@@ -156,7 +162,7 @@ def _dtype(spec: Any, align: Any = False, copy: Any = False) -> NumpyDtype:
     return NumpyDtype(spec, np.dtype(spec))
 
 
-def _reconstruct(subtype: Any, shape: Any, code: Any) -> NumpyArray:
+def _reconstruct(subtype: object, shape: object, code: object) -> NumpyArray:
     if not (isinstance(subtype, Marker) and subtype.name == "numpy.ndarray") or \
             _ints(shape, "shape") != (0,):
         raise Refusal("numpy _reconstruct takes (ndarray, (0,), code)")
@@ -164,7 +170,7 @@ def _reconstruct(subtype: Any, shape: Any, code: Any) -> NumpyArray:
     return NumpyArray()
 
 
-def _scalar(kind: Any, data: Any = None) -> NumpyScalar:
+def _scalar(kind: object, data: object = None) -> NumpyScalar:
     raw = _bytes(data, "numpy scalar")
     dtype = _plain(kind)
     if len(raw) != dtype.itemsize:
@@ -172,14 +178,15 @@ def _scalar(kind: Any, data: Any = None) -> NumpyScalar:
     return NumpyScalar(dtype, raw)
 
 
-def _frombuffer(buffer: Any, kind: Any, shape: Any, order: Any = "C") -> NumpyArray:
+def _frombuffer(buffer: object, kind: object, shape: object, order: object = "C"
+                ) -> NumpyArray:
     data, dims, dtype = _bytes(buffer, "numpy buffer"), _ints(shape, "shape"), _plain(kind)
     if order not in ("C", "F") or math.prod(dims) * dtype.itemsize != len(data):
         raise Refusal("numpy array shape does not match its bytes")
     return NumpyArray(dims, dtype, order == "F", data)
 
 
-def finalize(value: NumpyValue) -> Any:
+def finalize(value: NumpyValue) -> Tree:
     """The real numpy value of a checked record (after the pickle has finished)."""
     import numpy as np
 
@@ -198,9 +205,9 @@ def finalize(value: NumpyValue) -> Any:
     return value.dtype
 
 
-def numpy_table() -> dict[str, Any]:
+def numpy_table() -> dict[str, object]:
     """Qualified name -> what a pickle gets for numpy's names (both 1.x and 2.x spellings)."""
-    table: dict[str, Any] = {"numpy.ndarray": Marker("numpy.ndarray", "numpy-class"),
+    table: dict[str, object] = {"numpy.ndarray": Marker("numpy.ndarray", "numpy-class"),
                              "numpy.dtype": Allowed("numpy.dtype", _dtype)}
     for core in ("numpy.core", "numpy._core"):
         for name, func in (("multiarray._reconstruct", _reconstruct),

@@ -32,8 +32,10 @@ from ..tensors import Pending, TensorInfo
 from ..tree import (
     Backref,
     GlobalRef,
+    Key,
     ObjectRecord,
     RecordKind,
+    Tree,
     children,
     format_path,
     is_tensor,
@@ -69,7 +71,7 @@ _LEAVES = frozenset({TensorInfo, Pending, Size, Device, DType})
 
 @dataclass(frozen=True)
 class Settled:
-    value: Any
+    value: Tree
     unproven: tuple[str, ...]  # unknown names called with no proof they are classes
     calls: tuple[str, ...]  # unknown names called as functions: normalize refuses them
     materialized: int = 0  # bytes the tensors hold once made real (each view on its own)
@@ -113,11 +115,11 @@ def _verdicts(registry: list[Recorded], settled: dict[int, int]
     return tuple(unproven), tuple(calls)
 
 
-def _tensor_finder() -> Callable[[Any], bool]:
+def _tensor_finder() -> Callable[[Tree], bool]:
     """Whether a settled value holds a tensor; each container is searched once per load."""
     known: dict[int, bool] = {}
 
-    def holds(node: Any) -> bool:
+    def holds(node: Tree) -> bool:
         if type(node) in _SCALARS or type(node) is int:
             return False
         if is_tensor(node):
@@ -130,14 +132,13 @@ def _tensor_finder() -> Callable[[Any], bool]:
     return holds
 
 
-def _is_scalar(value: Any) -> bool:
-    kind = type(value)
-    return kind in _SCALARS or (kind is int and -_INT_LIMIT < value < _INT_LIMIT)
+def _is_scalar(value: object) -> bool:
+    return type(value) in _SCALARS or (type(value) is int and -_INT_LIMIT < value < _INT_LIMIT)
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     """A value fit to be a dict key or a set item: scalars and (shallow) tuples of them."""
-    stack = [(value, 0)]
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if type(item) is tuple:
@@ -156,11 +157,11 @@ class _Settler:
     def __init__(self) -> None:
         self.sizes: dict[int, int] = {}  # id(container) -> its expanded size, once settled
         self.active: dict[int, int] = {}  # id(container) on the current path -> trail length
-        self.trail: list[Any] = []  # keys from the root to the node being settled
+        self.trail: list[Key] = []  # keys from the root to the node being settled
         self.total = 0  # objects of the tree walked as a tree (shared parts once per use)
         self.shared = 0  # of those, the ones only shared references add (memo references)
-        self.replaced: dict[int, Any] = {}
-        self.keep: list[Any] = []  # replaced originals stay alive: their ids stay unique
+        self.replaced: dict[int, Tree] = {}
+        self.keep: list[Tree] = []  # replaced originals stay alive: their ids stay unique
         self.materialized = 0
         self.largest: list[tuple[int, str]] = []  # a min-heap of the biggest tensors
 
@@ -174,10 +175,13 @@ class _Settler:
         elif size > self.largest[0][0]:
             heapq.heapreplace(self.largest, entry)
 
-    def where(self, extra: Any = None) -> str:
+    def where(self, extra: Key | None = None) -> str:
         return format_path((*self.trail, extra) if extra is not None else tuple(self.trail))
 
-    def visit(self, node: Any, depth: int) -> Any:
+    # Any: the walker's nodes and items are narrowed by the type() it holds in ``kind``
+    # (mypy narrows only isinstance and an inline type() test); a cast() would cost a call
+    # per object of files holding millions
+    def visit(self, node: Any, depth: int) -> Tree:
         """``node`` settled (a non-scalar); ``_CYCLE`` when it is on the current path."""
         key = id(node)
         size = self.sizes.get(key)
@@ -225,7 +229,7 @@ class _Settler:
             self.keep.append(node)
         return new
 
-    def child(self, value: Any, key: Any, depth: int, mutable: bool) -> Any:
+    def child(self, value: Any, key: Key, depth: int, mutable: bool) -> Tree:  # Any: visit's
         kind = type(value)
         if kind in _SCALARS:
             self.total += 1
@@ -248,7 +252,7 @@ class _Settler:
             return Backref(format_path(tuple(self.trail[:self.active[id(value)]])))
         return settled
 
-    def flat(self, value: Any, kind: type) -> bool:
+    def flat(self, value: Any, kind: type) -> bool:  # Any: as visit's, items narrowed by kind
         """Count a container of scalars (and tuples of scalars) in one pass.
 
         Most containers of big files are such: vocabularies, tables, the
@@ -273,9 +277,9 @@ class _Settler:
         self.total += count + 1
         return True
 
-    def sequence(self, node: Any, depth: int, mutable: bool) -> Any:
+    def sequence(self, node: Any, depth: int, mutable: bool) -> Tree:  # Any: as visit's
         scalars, limit = _SCALARS, _INT_LIMIT
-        changed: list[tuple[int, Any]] = []
+        changed: list[tuple[int, Tree]] = []
         plain = 0
         for index, item in enumerate(node):
             kind = type(item)
@@ -297,10 +301,10 @@ class _Settler:
             rebuilt[index] = settled
         return tuple(rebuilt)
 
-    def mapping(self, node: Any, depth: int) -> Any:
+    def mapping(self, node: Any, depth: int) -> Tree:  # Any: as visit's
         scalars, limit = _SCALARS, _INT_LIMIT
         plain = 0
-        changed = []
+        changed: list[tuple[Key, Tree]] = []
         for key, value in node.items():
             if type(key) is not str and not _plain(key):
                 raise Refusal(f"a dict key at {self.where()} is a {type(key).__name__}; "
@@ -328,7 +332,7 @@ class _Settler:
         return argparse.Namespace(**{name: self.child(value, name, depth, True)
                                      for name, value in fields.items()})
 
-    def attributes(self, node: Any, depth: int) -> None:
+    def attributes(self, node: object, depth: int) -> None:
         """A state dict's ``_metadata`` is data; any other attribute is a place to hide it."""
         extra = vars(node)
         unexpected = [k for k in extra if k != "_metadata"
@@ -337,9 +341,9 @@ class _Settler:
             raise Refusal(f"a {type(node).__name__} at {self.where()} carries the attribute "
                           f"{unexpected[0]!r}; only a state dict's _metadata is kept")
         if extra:
-            node._metadata = self.child(extra["_metadata"], "_metadata", depth, True)
+            extra["_metadata"] = self.child(extra["_metadata"], "_metadata", depth, True)
 
-    def record(self, node: ObjectRecord, depth: int) -> Any:
+    def record(self, node: ObjectRecord, depth: int) -> Tree:
         if isinstance(node, BytesRecord):
             return node.value()
         for part in ("args", "kwargs", "state", "items", "listitems"):
@@ -351,7 +355,7 @@ class _Settler:
                 setattr(node, part, settled)
         return node
 
-    def stand_in(self, node: Any) -> Any:
+    def stand_in(self, node: object) -> Tree:
         if isinstance(node, type) and issubclass(node, Recorded):
             return GlobalRef(node.record_name, node.dangerous)
         if isinstance(node, (Allowed, Marker)):
@@ -376,7 +380,7 @@ class _Settler:
                       "convert")
 
 
-def settle(value: Any, registry: list[Recorded]) -> Settled:
+def settle(value: Tree, registry: list[Recorded]) -> Settled:
     """The settled tree, and the verdicts on the names it records; ``Refusal`` if not fit."""
     settler = _Settler()
     settled = value if _is_scalar(value) else settler.visit(value, 0)

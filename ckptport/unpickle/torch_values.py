@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from .. import dtypes
 from ..dtypes import DType
 from ..tensors import Pending, TensorInfo
+from ..tree import Tree
 from .snapshots import TENSOR_ATTRIBUTES
 from .values import Allowed, Device, Marker, Refusal, Size, StorageRef, Unsupported
 
@@ -51,18 +52,18 @@ def storage_class(name: str) -> Marker | None:
     return None if dtype is None else Marker(f"torch.{name}", "storage", dtype)
 
 
-def _ints(value: Any, what: str) -> tuple[int, ...]:
+def _ints(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0
                                                        for v in value):
         raise Refusal(f"{what} must be a tuple of non-negative ints")
     return tuple(value)
 
 
-def _size(dims: Any = ()) -> Size:
+def _size(dims: object = ()) -> Size:
     return Size(_ints(dims, "torch.Size"))
 
 
-def _device(kind: Any, index: Any = None) -> Device:
+def _device(kind: object, index: object = None) -> Device:
     if isinstance(kind, str) and index is None and ":" in kind:
         kind, _, number = kind.partition(":")
         if not number.isdigit():
@@ -74,13 +75,14 @@ def _device(kind: Any, index: Any = None) -> Device:
     return Device(kind, index)
 
 
-def _layout(name: Any) -> Marker:
+def _layout(name: object) -> Marker:
     if name not in _LAYOUTS:
         raise Refusal(f"torch.serialization._get_layout({name!r}) names no layout")
-    return Marker(name, "layout")
+    return Marker(cast(str, name), "layout")  # one of _LAYOUTS
 
 
-def _view(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType) -> TensorInfo:
+def _view(storage: object, offset: object, size: object, stride: object, dtype: DType
+          ) -> TensorInfo:
     """A ``TensorInfo`` after checking the view lies inside its storage."""
     if not isinstance(storage, StorageRef):
         raise Refusal("a tensor over something that is not a storage")
@@ -101,7 +103,7 @@ def _view(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType) -> Te
     return TensorInfo(dtype, size, stride, offset, storage.info)
 
 
-def _flags(requires_grad: Any, hooks: Any) -> bool:
+def _flags(requires_grad: object, hooks: object) -> bool:
     """``requires_grad``, once the rest is known to be data: no backward hooks (``None``,
     as legacy files write, or an empty dict; torch accepts both)."""
     if hooks is not None and not isinstance(hooks, dict):
@@ -116,7 +118,7 @@ def _flags(requires_grad: Any, hooks: Any) -> bool:
 _METADATA_BITS = ("conj", "neg")  # torch.save's get_tensor_metadata: lazy views' bits
 
 
-def _transform(metadata: Any, dtype: DType) -> tuple[str, ...]:
+def _transform(metadata: object, dtype: DType) -> tuple[str, ...]:
     """What torch applies on load: a key present sets its bit, whatever its value (torch's
     ``_set_tensor_metadata`` does so), so the tensor reads conjugated or negated."""
     if metadata is None:
@@ -133,30 +135,34 @@ def _transform(metadata: Any, dtype: DType) -> tuple[str, ...]:
     return tuple(key for key in _METADATA_BITS if key in metadata)
 
 
-def _finish(info: TensorInfo, requires_grad: Any, hooks: Any, metadata: Any) -> Any:
+def _finish(info: TensorInfo, requires_grad: object, hooks: object, metadata: object
+            ) -> TensorInfo | Pending:
     """The tensor as torch gives it: flags checked, a lazy view's transform deferred."""
     info = _with_grad(info, _flags(requires_grad, hooks))
     steps = _transform(metadata, info.dtype)
     return Pending(info, info.dtype, steps) if steps else info
 
 
-def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
-                hooks: Any, metadata: Any = None) -> Any:
+def _rebuild_v2(storage: object, offset: object, size: object, stride: object,
+                requires_grad: object, hooks: object, metadata: object = None
+                ) -> TensorInfo | Pending:
     if not isinstance(storage, StorageRef):
         raise Refusal("a tensor over something that is not a storage")
     info = _view(storage, offset, size, stride, storage.dtype)
     return _finish(info, requires_grad, hooks, metadata)
 
 
-def _rebuild_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
-                hooks: Any, dtype: Any, metadata: Any = None) -> Any:
+def _rebuild_v3(storage: object, offset: object, size: object, stride: object,
+                requires_grad: object, hooks: object, dtype: object, metadata: object = None
+                ) -> TensorInfo | Pending:
     if not isinstance(dtype, DType) or not isinstance(storage, StorageRef) or \
             storage.dtype.name != "uint8":
         raise Refusal("_rebuild_tensor_v3 takes an untyped storage and a dtype")
     return _finish(_view(storage, offset, size, stride, dtype), requires_grad, hooks, metadata)
 
 
-def _rebuild_legacy(storage: Any, offset: Any, size: Any, stride: Any) -> TensorInfo:
+def _rebuild_legacy(storage: object, offset: object, size: object, stride: object
+                    ) -> TensorInfo:
     if not isinstance(storage, StorageRef):
         raise Refusal("a tensor over something that is not a storage")
     return _view(storage, offset, size, stride, storage.dtype)
@@ -168,7 +174,7 @@ def _with_grad(info: TensorInfo, requires_grad: bool) -> TensorInfo:
     return TensorInfo(info.dtype, info.shape, info.strides, info.offset, info.storage, True)
 
 
-def _plain_state(state: Any) -> None:
+def _plain_state(state: object) -> None:
     """A tensor's pickled state sets attributes: never one that rewrites the tensor.
 
     ``data``, ``real``, ``grad`` and every other tensor attribute would
@@ -189,8 +195,8 @@ def _plain_state(state: Any) -> None:
                               "tensor itself")
 
 
-def _parameter(data: Any, requires_grad: Any = True, hooks: Any = None,
-               state: Any = None) -> TensorInfo:
+def _parameter(data: object, requires_grad: object = True, hooks: object = None,
+               state: object = None) -> TensorInfo:
     if not isinstance(data, TensorInfo) or data.parameter or type(requires_grad) is not bool:
         raise Refusal("a Parameter of something that is not a tensor")
     if hooks is not None:
@@ -200,14 +206,14 @@ def _parameter(data: Any, requires_grad: Any = True, hooks: Any = None,
                       requires_grad, parameter=True)
 
 
-_REBUILDS: dict[str, Callable[..., Any]] = {
+_REBUILDS: dict[str, Callable[..., TensorInfo | Pending]] = {
     "torch._utils._rebuild_tensor_v2": _rebuild_v2,
     "torch._utils._rebuild_tensor_v3": _rebuild_v3,
     "torch._utils._rebuild_tensor": _rebuild_legacy,
 }
 
 
-def _from_type(func: Any, new_type: Any, args: Any, state: Any) -> TensorInfo:
+def _from_type(func: object, new_type: object, args: object, state: object) -> Tree:
     """``_rebuild_from_type_v2``: a plain tensor or a Parameter, nothing else."""
     if not (isinstance(func, Allowed) and func.name in _REBUILDS and isinstance(args, tuple)
             and isinstance(new_type, Marker)
@@ -217,19 +223,21 @@ def _from_type(func: Any, new_type: Any, args: Any, state: Any) -> TensorInfo:
     tensor = func(*args)
     if new_type.name == "torch.Tensor":
         return tensor
+    if not isinstance(tensor, TensorInfo):  # a lazy view (conj, neg) is no Parameter's data
+        raise Refusal("a Parameter of something that is not a tensor")
     return _parameter(tensor, tensor.requires_grad)
 
 
-def _unsupported(kind: str) -> Any:
-    def record(*args: Any) -> Unsupported:
+def _unsupported(kind: str) -> Callable[..., Unsupported]:
+    def record(*args: object) -> Unsupported:
         return Unsupported(kind)
 
     return record
 
 
-def torch_table() -> dict[str, Any]:
+def torch_table() -> dict[str, object]:
     """Qualified name -> what a pickle gets for it (no torch import)."""
-    table: dict[str, Any] = {f"torch.{name}": dtype for name, dtype in dtypes.all_names()}
+    table: dict[str, object] = {f"torch.{name}": dtype for name, dtype in dtypes.all_names()}
     for name in (*dtypes.STORAGE_CLASSES, "UntypedStorage"):
         marker = storage_class(name)
         assert marker is not None

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, NoReturn, cast
 
 from ..dtypes import DType
 from ..sealed import sealed
 from ..tensors import StorageInfo
-from ..tree import ObjectRecord, RecordKind
+from ..tree import Key, ObjectRecord, RecordKind, Tree
 
 __all__ = ["Size", "Device", "Marker", "Allowed", "StorageRef", "Unsupported",
            "DefaultDict", "Namespace", "Refusal", "CodeReached", "CodeHook", "refuse_code",
@@ -93,7 +93,7 @@ class Marker:
     kind: str
     dtype: DType | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
         raise Refusal(f"the file calls {self.name}, which ckptport takes only as a type: "
                       "constructing one (torch would allocate it) is refused")
 
@@ -104,9 +104,9 @@ class Allowed:
     """An allowed callable global: ``call`` checks its arguments, then builds the value."""
 
     name: str
-    call: Callable[..., Any]
+    call: Callable[..., Tree]  # each takes what its global takes, as the pickle passes it
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Tree:
         return self.call(*args, **kwargs)
 
 
@@ -132,7 +132,7 @@ class DefaultDict(dict):  # type: ignore[type-arg]
     """``collections.defaultdict`` as plain data: the factory is named, never called."""
 
     __slots__ = ("default_factory",)
-    default_factory: Any
+    default_factory: object  # whatever the pickle names as the factory
 
 
 _ORDER = itertools.count()
@@ -142,7 +142,7 @@ class _ReadOnlyType(type):
     """A class handed to a pickle: a ``BUILD`` on the class itself must not rewrite it
     (for a real class, that would change it for the whole process)."""
 
-    def __setattr__(cls, name: str, value: Any) -> None:
+    def __setattr__(cls, name: str, value: object) -> None:
         raise Refusal(f"the file sets the attribute {name!r} on the global "
                       f"{cls.__dict__.get('record_name') or cls.__qualname__}")
 
@@ -173,7 +173,7 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
     lenient: ClassVar[bool] = False  # a report's reading: record calls on instances too
     registry: ClassVar[list[Recorded]]
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Recorded:
+    def __new__(cls, *args: Tree, **kwargs: Tree) -> Recorded:
         self = object.__new__(cls)
         # the fields ObjectRecord's __init__ would set, set directly: files hold millions
         self.__dict__.update(name=cls.record_name, kind=RecordKind.INSTANCE, args=args,
@@ -182,13 +182,13 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
         cls.registry.append(self)
         return self
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # only when the file calls it
+    def __init__(self, *args: Tree, **kwargs: Tree) -> None:  # only when the file calls it
         self.called = True
         if self.runs:
             type(self).on_code(self.record_name, f"the file calls {self.record_name}, a "
                                "function: full unpickling would run it; nothing was run")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Recorded:
+    def __call__(self, *args: Tree, **kwargs: Tree) -> Recorded:
         """The file calls what a call returned (``methodcaller(...)(obj)``): code, whatever
         the name. Refused, or for a report recorded under the same name."""
         if not self.lenient:
@@ -196,19 +196,19 @@ class Recorded(ObjectRecord, metaclass=_ReadOnlyType):
                           "unpickling would run its code")
         return type(self)(*args, **kwargs)
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: Tree) -> None:
         if isinstance(self.state, dict) and isinstance(state, dict):
             self.state.update(state)
         else:
             self.state = state
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: Key, value: Tree) -> None:
         self.items[key] = value
 
-    def append(self, value: Any) -> None:
+    def append(self, value: Tree) -> None:
         self.listitems.append(value)
 
-    def extend(self, values: Any) -> None:
+    def extend(self, values: Iterable[Tree]) -> None:
         self.listitems.extend(values)
 
 
@@ -236,13 +236,13 @@ class BytesRecord(Recorded):
     record_name = "io.BytesIO"
     registry: ClassVar[list[Recorded]] = []
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> BytesRecord:
+    def __new__(cls, *args: Tree, **kwargs: Tree) -> BytesRecord:
         self = object.__new__(cls)
         ObjectRecord.__init__(self, cls.record_name, RecordKind.INSTANCE, args, dict(kwargs))
         self.called, self.order = True, -1
         return self
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: Tree) -> None:
         if not (isinstance(state, tuple) and len(state) == 3 and isinstance(state[0], bytes)
                 and type(state[1]) is int and (state[2] is None or isinstance(state[2], dict))):
             raise Refusal("io.BytesIO state must be (bytes, position, dict)")
@@ -250,7 +250,7 @@ class BytesRecord(Recorded):
 
     def value(self) -> bytes:
         if isinstance(self.state, tuple):
-            return self.state[0]
+            return cast(bytes, self.state[0])  # __setstate__ took only (bytes, int, dict)
         if self.args and isinstance(self.args[0], (bytes, bytearray)):
             return bytes(self.args[0])
         return b""
