@@ -21,7 +21,8 @@ from ..tensors import TensorInfo
 from ..tree import ObjectRecord, RecordKind, Tree
 from .values import Allowed, Device, Marker, Recorded, Refusal, Size, _ReadOnlyType
 
-__all__ = ["DataRecord", "data_class", "record_of", "slots_state", "records_table"]
+__all__ = ["DataRecord", "data_class", "record_of", "slots_state", "records_table",
+           "is_plain"]
 
 _DEEPSPEED_PARTS = (
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -41,7 +42,7 @@ _MEGATRON_ENUMS = (
 _ZERO_STAGE = "deepspeed.runtime.zero.config.ZeroStageEnum"
 
 
-def _plain(value: object, depth: int = 0) -> bool:
+def is_plain(value: object, depth: int = 0) -> bool:
     """Data a record's state may hold: scalars, containers of them, other records, tensors."""
     if depth > 16:
         return False
@@ -52,9 +53,9 @@ def _plain(value: object, depth: int = 0) -> bool:
     if isinstance(value, type) and issubclass(value, Recorded) and not value.dangerous:
         return True  # an enum member fetched with getattr: an inert stand-in
     if type(value) is list or type(value) is tuple:
-        return all(_plain(v, depth + 1) for v in value)
+        return all(is_plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
-        return all(type(k) in (str, int) and _plain(v, depth + 1) for k, v in value.items())
+        return all(type(k) in (str, int) and is_plain(v, depth + 1) for k, v in value.items())
     return False
 
 
@@ -86,7 +87,7 @@ class DataRecord(Recorded):
     registry: ClassVar[list[Recorded]] = _Discarded()  # what getattr's stand-ins make
 
     def __new__(cls, *args: Tree, **kwargs: Tree) -> DataRecord:
-        if kwargs or not all(_plain(a) for a in args):
+        if kwargs or not all(is_plain(a) for a in args):
             raise Refusal(f"{cls.record_name} takes plain values")
         self = object.__new__(cls)
         ObjectRecord.__init__(self, cls.record_name, RecordKind.INSTANCE, args, {})
@@ -98,11 +99,11 @@ class DataRecord(Recorded):
 
     def __setstate__(self, state: Tree) -> None:
         state = slots_state(state)
-        if isinstance(state, tuple) and _plain(state):  # a __setstate__ taking a tuple
+        if isinstance(state, tuple) and is_plain(state):  # a __setstate__ taking a tuple
             self.state = state
             return
         if not (isinstance(state, dict) and all(type(k) is str for k in state)
-                and _plain(state)):
+                and is_plain(state)):
             raise Refusal(f"the state of {self.record_name} must be plain values")
         self.state = {**self.state, **state} if isinstance(self.state, dict) else state
 

@@ -17,11 +17,11 @@ name, as any unread tensor subclass is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..dtypes import DType
-from ..tree import ObjectRecord, RecordKind
-from .distributed_values import _data_class, _from_type_distributed, _ints, _plain, _slots
+from ..tree import ObjectRecord, RecordKind, Tree
+from .data_records import data_class, is_plain, slots_state
+from .distributed_values import _from_type_distributed, _ints
 from .values import Allowed, Device, Marker, Recorded, Refusal, Unsupported
 
 __all__ = ["torchao_table", "SubclassRecord", "TENSOR_CLASSES"]
@@ -71,11 +71,11 @@ def _torchao_class(value: object) -> str | None:
     return None
 
 
-def _from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:  # Any: pickle values
+def _from_type(func: object, new_type: object, args: object, state: object) -> Tree:
     """``_rebuild_from_type_v2``: a torchao subclass here, everything else as before."""
-    name = _torchao_class(args[0]) if isinstance(func, Allowed) and func.name == _WRAPPER \
-        and isinstance(args, tuple) and args else None
-    if name is None:
+    wrapper = isinstance(func, Allowed) and func.name == _WRAPPER
+    name = _torchao_class(args[0]) if wrapper and isinstance(args, tuple) and args else None
+    if name is None or not isinstance(args, tuple):
         return _from_type_distributed(func, new_type, args, state)
     short = name.rpartition(".")[2]
     if name not in _TENSOR_NAMES:
@@ -90,17 +90,17 @@ def _from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:  # Any: 
         raise Refusal(f"a torchao {short} rebuilt from a wrapper without a dtype, a strided "
                       "layout, a device and flags")
     _ints(stride, f"a torchao {short}'s stride")
-    state = _slots(state)
+    state = slots_state(state)
     if not (isinstance(state, dict) and all(type(k) is str and not k.startswith("__")
-                                            for k in state) and _plain(state)):
+                                            for k in state) and is_plain(state)):
         raise Refusal(f"the state of a torchao {short} must be plain attributes and tensors")
     return SubclassRecord(name, RecordKind.INSTANCE, state=dict(state), dtype=dtype,
                           shape=_ints(size, f"a torchao {short}'s size"))
 
 
-def torchao_table() -> dict[str, Any]:  # Any: what a pickle gets, of many kinds
+def torchao_table() -> dict[str, object]:
     """Qualified name -> what a pickle gets for it; merged into ``allowed.table`` after the
     distributed table, whose ``_rebuild_from_type_v2`` this one hands everything else."""
-    table: dict[str, Any] = {name: _data_class(name) for name in (*_TENSOR_NAMES, *_PARTS)}
+    table: dict[str, object] = {name: data_class(name) for name in (*_TENSOR_NAMES, *_PARTS)}
     table[_FROM_TYPE] = Allowed(_FROM_TYPE, _from_type)
     return table
