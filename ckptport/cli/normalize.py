@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,6 +23,9 @@ from .options import (
     report_format_option,
     size_callback,
 )
+
+if TYPE_CHECKING:
+    from ..signing import SigningKey
 
 __all__ = ["normalize"]
 
@@ -78,9 +82,8 @@ __all__ = ["normalize"]
 @click.pass_context
 def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
               options: NormalizeOptions, max_expansion: float | None, tag: str | None,
-              anchor: str,
-              trust: bool, max_shard_size: int | None, dcp_key: str | None, overwrite: bool,
-              verify: bool, manifest_path: Path | None, jobs: int | None,
+              anchor: str, trust: bool, max_shard_size: int | None, dcp_key: str | None,
+              overwrite: bool, verify: bool, manifest_path: Path | None, jobs: int | None,
               part: tuple[int, int] | None, dry_run: bool, metadata: str, hash_name: bool,
               create_pr: bool, sign_key: Path | None, sign_certificate: Path | None,
               sign_chain: tuple[Path, ...], quiet: bool, report_format: str) -> None:
@@ -114,14 +117,7 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
-    signing_key = None
-    if sign_key is not None:
-        from ..signing import SigningKey
-
-        signing_key = SigningKey(sign_key, sign_certificate, sign_chain,
-                                 os.environ.get("CKPTPORT_KEY_PASSWORD"))
-    elif sign_certificate is not None or sign_chain:
-        raise click.UsageError("--sign-certificate and --sign-chain go with --sign PEM")
+    signing_key = _signing_key(sign_key, sign_certificate, sign_chain)
     with progress_bars(quiet) as progress:
         progress(f"reading {src}", 0)  # before the imports: torch costs a second
         from ..commands.normalize import normalize_file
@@ -135,3 +131,14 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
                                 progress=progress)
     click.echo(formatter(report_format).normalize(report))
 
+
+def _signing_key(key: Path | None, certificate: Path | None, chain: tuple[Path, ...]
+                 ) -> SigningKey | None:
+    """``--sign``'s key (its password from CKPTPORT_KEY_PASSWORD), if one is given."""
+    if key is None:
+        if certificate is not None or chain:
+            raise click.UsageError("--sign-certificate and --sign-chain go with --sign PEM")
+        return None
+    from ..signing import SigningKey
+
+    return SigningKey(key, certificate, chain, os.environ.get("CKPTPORT_KEY_PASSWORD"))

@@ -37,6 +37,14 @@ TRANSFERS = "ckptport.transfers"  # ``ctx.meta``: the command's ``remote.Transfe
 FORMAT = "ckptport.format"  # ``ctx.meta``: the command's --format, for its error report
 # a command's function as click calls it: each parameter by name, its result unused
 CommandFunction = Callable[..., object]
+Option = Callable[[CommandFunction], CommandFunction]  # an option's decorator
+
+
+def _decorated(command: CommandFunction, options: list[Option]) -> CommandFunction:
+    """``command`` with ``options``, given in the order ``--help`` lists them."""
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @contextlib.contextmanager
@@ -97,6 +105,52 @@ class Destination(click.ParamType["str | os.PathLike[str] | RemotePath",
         return LOCATION.convert(value, param, ctx) if is_remote(value) else value
 
 
+_NORMALIZE_OPTIONS: list[Option] = [  # in --help's order
+    click.option("--select", default="auto", show_default=True, metavar="auto|all|KEY[.KEY…]",
+                 help="What to keep: the model weights (auto), everything (all), or a key "
+                      "path (dict keys, list indexes, recorded objects' attributes)."),
+    click.option("--ema", "ema", flag_value="require", default="off",
+                 help="Take the EMA weights (timm, ultralytics, mmengine layouts); an error "
+                      "if there are none."),
+    click.option("--prefer-ema", "ema", flag_value="prefer",
+                 help="Take the EMA weights when there are some, else the weights."),
+    click.option("--strip-prefix", "strip_prefix", multiple=True, metavar="PREFIX",
+                 help="Also strip this key prefix ('model' means 'model.'); 'auto' strips "
+                      "the one every weight key shares. Repeatable."),
+    click.option("--keep-prefixes", is_flag=True,
+                 help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
+    click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
+                 show_default=True, help="Cast floating-point tensors (never the codes or "
+                 "scales of a quantized weight: those are refused; see --dequantize)."),
+    click.option("--dequantize", type=click.Choice(DEQUANTIZE_CHOICES), is_flag=False,
+                 flag_value="bfloat16", default=None, metavar="[bfloat16|float16|float32]",
+                 help="Turn each quantized weight (FP8 block-scaled, MXFP4, …) into one "
+                      "plain tensor, bit for bit what its scheme's reference library "
+                      "computes (default bfloat16)."),
+    click.option("--subtree", metavar="PREFIX",
+                 help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
+                      "Runs after prefix stripping; then --keep/--drop, then --rename."),
+    click.option("--keep", multiple=True, metavar="GLOB",
+                 help="Keep only keys matching a shell-style GLOB ('layer*'). Repeatable."),
+    click.option("--drop", multiple=True, metavar="GLOB",
+                 help="Drop keys matching GLOB ('*.num_batches_tracked'), after --keep. "
+                      "Repeatable."),
+    click.option("--rename", multiple=True, nargs=2, metavar="PATTERN REPLACEMENT",
+                 help="re.sub(PATTERN, REPLACEMENT) on every key, groups allowed "
+                      "('^blocks\\.(\\d+)\\.' 'layers.\\1.'). Repeatable, in order; last."),
+    click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
+                 help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
+                      "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
+    click.option("--tag", metavar="NAME",
+                 help="A DeepSpeed checkpoint folder's tag to read (default: the one its "
+                      "'latest' file names, as DeepSpeed does)."),
+    click.option("--max-expansion", type=click.FloatRange(min=0, min_open=True),
+                 metavar="RATIO", help="Tensors may stand for at most RATIO times the "
+                 "file's bytes plus 64 MiB (default 2, or CKPTPORT_MAX_EXPANSION): stride-0 "
+                 "and overlapping views beyond that are refused."),
+]
+
+
 def normalize_options(func: CommandFunction) -> CommandFunction:
     """The options that decide what a checkpoint normalizes to (shared by commands).
 
@@ -117,53 +171,7 @@ def normalize_options(func: CommandFunction) -> CommandFunction:
                                    keep=keep, drop=drop, rename=rename, recipe=map_file)
         return func(*args, options=options, **kwargs)
 
-    options = [
-        click.option("--select", default="auto", show_default=True, metavar="auto|all|KEY[.KEY…]",
-                     help="What to keep: the model weights (auto), everything (all), or a key "
-                          "path (dict keys, list indexes, recorded objects' attributes)."),
-        click.option("--ema", "ema", flag_value="require", default="off",
-                     help="Take the EMA weights (timm, ultralytics, mmengine layouts); an error "
-                          "if there are none."),
-        click.option("--prefer-ema", "ema", flag_value="prefer",
-                     help="Take the EMA weights when there are some, else the weights."),
-        click.option("--strip-prefix", "strip_prefix", multiple=True, metavar="PREFIX",
-                     help="Also strip this key prefix ('model' means 'model.'); 'auto' strips "
-                          "the one every weight key shares. Repeatable."),
-        click.option("--keep-prefixes", is_flag=True,
-                     help="Do not strip wrapper prefixes (module., _orig_mod., …)."),
-        click.option("--dtype", type=click.Choice(CAST_CHOICES), default="keep",
-                     show_default=True, help="Cast floating-point tensors (never the codes or "
-                     "scales of a quantized weight: those are refused; see --dequantize)."),
-        click.option("--dequantize", type=click.Choice(DEQUANTIZE_CHOICES), is_flag=False,
-                     flag_value="bfloat16", default=None, metavar="[bfloat16|float16|float32]",
-                     help="Turn each quantized weight (FP8 block-scaled, MXFP4, …) into one "
-                          "plain tensor, bit for bit what its scheme's reference library "
-                          "computes (default bfloat16)."),
-        click.option("--subtree", metavar="PREFIX",
-                     help="Keep only the keys under PREFIX. and strip it (--subtree backbone). "
-                          "Runs after prefix stripping; then --keep/--drop, then --rename."),
-        click.option("--keep", multiple=True, metavar="GLOB",
-                     help="Keep only keys matching a shell-style GLOB ('layer*'). Repeatable."),
-        click.option("--drop", multiple=True, metavar="GLOB",
-                     help="Drop keys matching GLOB ('*.num_batches_tracked'), after --keep. "
-                          "Repeatable."),
-        click.option("--rename", multiple=True, nargs=2, metavar="PATTERN REPLACEMENT",
-                     help="re.sub(PATTERN, REPLACEMENT) on every key, groups allowed "
-                          "('^blocks\\.(\\d+)\\.' 'layers.\\1.'). Repeatable, in order; last."),
-        click.option("--map", "map_file", type=click.Path(path_type=Path), metavar="FILE",
-                     help="A recipe: the key steps as an ordered list in a TOML (or JSON) file, "
-                          "steps = [{subtree=...}, {drop=[...]}, {rename=[P, R]}]."),
-        click.option("--tag", metavar="NAME",
-                     help="A DeepSpeed checkpoint folder's tag to read (default: the one its "
-                          "'latest' file names, as DeepSpeed does)."),
-        click.option("--max-expansion", type=click.FloatRange(min=0, min_open=True),
-                     metavar="RATIO", help="Tensors may stand for at most RATIO times the "
-                     "file's bytes plus 64 MiB (default 2, or CKPTPORT_MAX_EXPANSION): stride-0 "
-                     "and overlapping views beyond that are refused."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return _decorated(command, _NORMALIZE_OPTIONS)
 
 
 def report_format_option(command: str) -> Callable[[CommandFunction], CommandFunction]:
@@ -207,7 +215,7 @@ def signing_key_options(func: CommandFunction) -> CommandFunction:
             sigstore, identity_token)
         return func(*args, signing_key=made, **kwargs)
 
-    for option in reversed([
+    return _decorated(command, [
         click.option("--certificate", type=click.Path(path_type=Path), metavar="PEM",
                      help="The signing certificate of --key (then the bundle carries it)."),
         click.option("--certificate-chain", multiple=True, type=click.Path(path_type=Path),
@@ -217,9 +225,7 @@ def signing_key_options(func: CommandFunction) -> CommandFunction:
                      help="Sign keyless with Sigstore (OIDC identity; needs the network)."),
         click.option("--identity-token", metavar="TOKEN",
                      help="With --sigstore: this OIDC token, not ambient credentials."),
-    ]):
-        command = option(command)
-    return command
+    ])
 
 
 def trusted_keys_options(func: CommandFunction) -> CommandFunction:
@@ -235,7 +241,7 @@ def trusted_keys_options(func: CommandFunction) -> CommandFunction:
             else TrustedKeys(public_key, roots, sigstore_identity, sigstore_issuer)
         return func(*args, trusted=made, **kwargs)
 
-    for option in reversed([
+    return _decorated(command, [
         click.option("--public-key", multiple=True, type=click.Path(path_type=Path),
                      metavar="PEM", help="A public key the signature may verify with. "
                      "Repeatable."),
@@ -246,9 +252,7 @@ def trusted_keys_options(func: CommandFunction) -> CommandFunction:
         click.option("--sigstore-identity", metavar="ID",
                      help="Verify a Sigstore signature made by this identity."),
         click.option("--sigstore-issuer", metavar="URL", help="... from this OIDC issuer."),
-    ]):
-        command = option(command)
-    return command
+    ])
 
 
 def part_callback(ctx: click.Context, param: click.Parameter, value: str | None

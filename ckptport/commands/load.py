@@ -184,13 +184,7 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
                             tag=tag, dequantize=dequantize)
     model_state = model.state_dict(keep_vars=True)
     model_keys = list(model_state)
-    by_stripped = {strip_key(key) or key: key for key in model_keys}
-    renamed = rebuild_dict(state, [(by_stripped.get(k, k), v) for k, v in state.items()])
-    _refuse_quantized_casts(renamed, model_state, dtype, where)
-    _fill_ties(model_state, renamed)
-    versions = getattr(state, "_metadata", None)
-    if versions is not None:
-        renamed._metadata = _versions_for(model, versions)  # type: ignore[attr-defined]
+    renamed = _on_model_keys(model, state, model_state, dtype, where)
     mismatched = tuple((k, tuple(renamed[k].shape), tuple(t.shape))  # in the model's order
                        for k, t in model_state.items()
                        if k in renamed and tuple(renamed[k].shape) != tuple(t.shape))
@@ -207,11 +201,48 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
                                      + _explain(missing, unexpected), where)
     if strict and (missing or unexpected):
         raise StateDictMismatchError(_explain(missing, unexpected), where)
+    _assign(model, renamed, model_state, device, dtype, path)
+    left = _left_on_meta(model, missing)  # listed as missing: the caller must fill them
+    unfillable = tuple(name for name in left if name not in skipped)
+    if unfillable and strict:
+        raise StateDictMismatchError(
+            f"{len(unfillable)} model tensors are still on meta and no checkpoint key fills "
+            f"them: {_listing(unfillable, ())} (non-persistent buffers are not in "
+            "checkpoints: build them on a real device, or pass strict=False and fill them "
+            "yourself)", where)
+    return LoadResult((*missing, *left), unexpected, mismatched, loaded)
+
+
+def _on_model_keys(model: torch.nn.Module, state: OrderedDict[str, torch.Tensor],
+                   model_state: Mapping[str, object], dtype: torch.dtype | None,
+                   where: str) -> dict[str, torch.Tensor]:
+    """``state`` under the model's own keys (a wrapped model's ``module.`` put back), the
+    keys the model ties filled, module versions kept; a quantized part that would be cast
+    refused."""
+    by_stripped = {strip_key(key) or key: key for key in model_state}
+    renamed = rebuild_dict(state, [(by_stripped.get(k, k), v) for k, v in state.items()])
+    _refuse_quantized_casts(renamed, model_state, dtype, where)
+    _fill_ties(model_state, renamed)
+    versions = getattr(state, "_metadata", None)
+    if versions is not None:
+        renamed._metadata = _versions_for(model, versions)  # type: ignore[attr-defined]
+    return renamed
+
+
+def _assign(model: torch.nn.Module, renamed: dict[str, torch.Tensor],
+            model_state: Mapping[str, object], device: str | torch.device | None,
+            dtype: torch.dtype | None, path: str | os.PathLike[str]) -> None:
+    """Load ``renamed`` into ``model``: assigned, placed and retied where the model is on
+    meta; else copied in place, then the model moved to ``device``/``dtype`` if given."""
+    import torch
+
+    where = os.fspath(path)
     on_meta = any(t.is_meta for t in model_state.values() if isinstance(t, torch.Tensor))
     if on_meta:
         for key, value in list(renamed.items()):
-            if key in model_state:
-                renamed[key] = _placed(value, model_state[key], device, dtype, path)
+            target = model_state.get(key)
+            if isinstance(target, torch.Tensor):
+                renamed[key] = _placed(value, target, device, dtype, path)
     try:
         model.load_state_dict(renamed, strict=False, assign=on_meta)
     except RuntimeError as exc:  # what the checks above cannot foresee: one line, our type
@@ -225,15 +256,6 @@ def load_into(model: torch.nn.Module, path: str | os.PathLike[str], *, strict: b
         except (AssertionError, RuntimeError, ValueError) as exc:  # no such device here
             raise CkptportError(f"cannot move the model to {device}: "
                                 f"{str(exc).splitlines()[0]}", where) from None
-    left = _left_on_meta(model, missing)  # listed as missing: the caller must fill them
-    unfillable = tuple(name for name in left if name not in skipped)
-    if unfillable and strict:
-        raise StateDictMismatchError(
-            f"{len(unfillable)} model tensors are still on meta and no checkpoint key fills "
-            f"them: {_listing(unfillable, ())} (non-persistent buffers are not in "
-            "checkpoints: build them on a real device, or pass strict=False and fill them "
-            "yourself)", where)
-    return LoadResult((*missing, *left), unexpected, mismatched, loaded)
 
 
 def _refuse_quantized_casts(state: Mapping[str, torch.Tensor],

@@ -139,24 +139,8 @@ def sign(src: str | os.PathLike[str], key: SigningKey, *, output: Path | None = 
     options = options or NormalizeOptions()
     checkpoint = open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
     ignored = _ignored(Path(src), (oms, attested)) if files_too else []
-    found: list[Payload] = []
-
-    def with_files(normalized: Checkpoint) -> dict[ViewKey, str]:
-        """The files' payload, hashing on the way the tensors that lie in them (one read)."""
-        ranges = TensorRanges(normalized.tree)
-        found.append(files_payload(Path(src), ignored, "sha256", ranges, jobs))
-        return ranges.done
-
-    files: Payload | None
-    if files_too and file_hash == "sha256":
-        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress, known=with_files)
-        files = found[0]
-    else:  # BLAKE3 (model_signing's own hasher, on every core) beside the tensors, or none
-        with ThreadPoolExecutor(1) as pool:
-            payload = pool.submit(files_payload, Path(src), ignored, file_hash) \
-                if files_too else None
-            made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
-            files = None if payload is None else payload.result()
+    made, files = _hashed(checkpoint, options, Path(src) if files_too else None, ignored,
+                          file_hash, jobs, progress)
     texts = {attested: sign_statement(key, subject_name(src), made.digest, WEIGHTS_PREDICATE,
                                       weights_predicate(made), signer)}
     if files is not None:
@@ -167,6 +151,31 @@ def sign(src: str | os.PathLike[str], key: SigningKey, *, output: Path | None = 
     return SignReport(oms if files_too else None, attested, made.digest,
                       0 if files is None else len(files.statement.pb.predicate["resources"]),
                       len(made.tensors), notes + made.notes())
+
+
+def _hashed(checkpoint: Checkpoint, options: NormalizeOptions, model: Path | None,
+            ignored: list[Path], file_hash: str, jobs: int | None, progress: Progress
+            ) -> tuple[Manifest, Payload | None]:
+    """The weights' manifest and, given the ``model`` path, its files' payload: in one read
+    of each file with sha256, side by side with BLAKE3."""
+    found: list[Payload] = []
+
+    def with_files(normalized: Checkpoint) -> dict[ViewKey, str]:
+        """The files' payload, hashing on the way the tensors that lie in them (one read)."""
+        assert model is not None
+        ranges = TensorRanges(normalized.tree)
+        found.append(files_payload(model, ignored, "sha256", ranges, jobs))
+        return ranges.done
+
+    if model is not None and file_hash == "sha256":
+        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress, known=with_files)
+        return made, found[0]
+    # BLAKE3 (model_signing's own hasher, on every core) beside the tensors, or none
+    with ThreadPoolExecutor(1) as pool:
+        payload = None if model is None else pool.submit(files_payload, model, ignored,
+                                                         file_hash)
+        made = manifest_of(checkpoint, options, jobs=jobs, progress=progress)
+        return made, None if payload is None else payload.result()
 
 
 def sign_weights(made: Manifest, key: SigningKey, path: Path, subject: str,

@@ -160,27 +160,35 @@ def verify(src: str | os.PathLike[str], trusted: TrustedKeys, *, signatures: tup
     if attestation is None:
         compared = None if local_files is None else compare_files(Path(src), local_files)
     else:
-        found: list[FilesComparison] = []
-
-        def with_files(normalized: Checkpoint) -> dict[ViewKey, str]:
-            """The files checked by the read that also hashes the tensors in them."""
-            assert local_files is not None
-            ranges = TensorRanges(normalized.tree)
-            found.append(compare_files(Path(src), local_files, ranges, jobs))
-            return ranges.done
-
-        expected = attestation.manifest
-        read = checkpoint or open_checkpoint(src, trust=trust, max_expansion=max_expansion,
-                                             tag=tag)
-        actual = manifest_of(read, manifest_options(expected), jobs=jobs, progress=progress,
-                             known=None if local_files is None else with_files)
-        comparison = compare_manifests(expected, actual)
-        compared = found[0] if found else None
+        comparison, compared = _weights_and_files(
+            src, attestation, local_files, checkpoint or open_checkpoint(
+                src, trust=trust, max_expansion=max_expansion, tag=tag), jobs, progress)
     if compared is not None and not compared.same and comparison is not None \
             and _weights_same(comparison):
         notes.append("the files are not the signed files (another container or layout?) but "
                      "the weights are the signed weights")
     return VerifyReport(src, compared, comparison, attestation, tuple(notes))
+
+
+def _weights_and_files(src: str | os.PathLike[str], attestation: Attestation,
+                       local_files: SignedStatement | None, read: Checkpoint,
+                       jobs: int | None, progress: Progress
+                       ) -> tuple[ManifestComparison, FilesComparison | None]:
+    """The weights of ``read`` against the attestation and, given the OMS statement
+    ``local_files``, the files against it, checked by the read that hashes the tensors."""
+    found: list[FilesComparison] = []
+
+    def with_files(normalized: Checkpoint) -> dict[ViewKey, str]:
+        """The files checked by the read that also hashes the tensors in them."""
+        assert local_files is not None
+        ranges = TensorRanges(normalized.tree)
+        found.append(compare_files(Path(src), local_files, ranges, jobs))
+        return ranges.done
+
+    expected = attestation.manifest
+    actual = manifest_of(read, manifest_options(expected), jobs=jobs, progress=progress,
+                         known=None if local_files is None else with_files)
+    return compare_manifests(expected, actual), found[0] if found else None
 
 
 @dataclass(frozen=True)

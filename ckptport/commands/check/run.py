@@ -141,9 +141,22 @@ def check(
             raise OptionError(f"{code} compares with what {option} names: pass it too")
     found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     tag_somewhere([*found, against], tag)
+    settings = _with_inputs(settings, chosen, against, against_manifest, verify_signature,
+                            trusted, max_expansion)
+    files = tuple(_check_file(path, chosen, settings) for path in found)
+    return CheckReport(files, chosen, tuple(skipped))
+
+
+def _with_inputs(settings: CheckSettings, chosen: tuple[str, ...],
+                 against: str | os.PathLike[str] | None,
+                 against_manifest: str | os.PathLike[str] | None,
+                 verify_signature: str | os.PathLike[str] | None,
+                 trusted: TrustedKeys | None, max_expansion: float | None) -> CheckSettings:
+    """``settings`` with what the chosen codes compare with, each read once: the reference
+    checkpoint (CKP009), the manifest (CKP010), the verified weights attestation (CKP015)."""
     if against is not None and "CKP009" in chosen:
         settings = replace(settings, reference=open_checkpoint(
-            against, max_expansion=max_expansion, tag=tag_for(Path(against), tag)))
+            against, max_expansion=max_expansion, tag=tag_for(Path(against), settings.tag)))
     if against_manifest is not None and "CKP010" in chosen:
         from ...analysis.manifests import load_manifest
 
@@ -156,8 +169,7 @@ def check(
                               "(--public-key, --certificate-chain)")
         settings = replace(settings, attestation=signed_weights(Path(verify_signature),
                                                                 trusted))
-    files = tuple(_check_file(path, chosen, settings) for path in found)
-    return CheckReport(files, chosen, tuple(skipped))
+    return settings
 
 
 def _expand(paths: Iterable[str | os.PathLike[str]]
