@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
 from ..errors import CkptportError
@@ -317,7 +316,7 @@ def first_key_with(tree: Tree, prefix: str,
 
 
 def _state_dicts(tree: Tree) -> list[tuple[KeyPath, StateDict]]:
-    return [(path, cast("StateDict", node)) for path, node in iter_nodes(tree)
+    return [(path, node) for path, node in iter_nodes(tree)
             if is_state_dict(node)]
 
 

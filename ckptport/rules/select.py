@@ -190,7 +190,7 @@ def _candidates(tree: Tree) -> list[tuple[KeyPath, StateDict]]:
         if is_optimizer_state(node) or (path and str(path[-1]).lower() in OPTIMIZER_KEYS):
             continue
         if is_state_dict(node):
-            found.append((path, cast("StateDict", node)))
+            found.append((path, node))
             continue
         below = children(node) if not is_tensor(node) else None
         stack.extend(((*path, key), child) for key, child in reversed(below or ()))
@@ -243,8 +243,7 @@ def _hints(tree: Tree, picked: Tree, suggest: bool) -> str:
     if version is None:
         return ""
     hint = f"; a Lightning checkpoint (version {version})"
-    if suggest and is_state_dict(picked) and all(
-            k.startswith(LIGHTNING_PREFIX) for k in cast("StateDict", picked)):
+    if suggest and is_state_dict(picked) and all(k.startswith(LIGHTNING_PREFIX) for k in picked):
         hint += (f"; every key starts with {LIGHTNING_PREFIX!r} (the LightningModule's "
                  f"attribute): add --strip-prefix {LIGHTNING_PREFIX} (or --strip-prefix auto) to "
                  "load into the bare model")
