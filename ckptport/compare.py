@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from .dtypes import DType, dtype_of
@@ -186,7 +186,10 @@ class TensorDelta:
     ``differing`` counts elements outside the tolerance (0: the tensor is
     equal within tolerance but not exactly); ``index`` locates the largest
     ``|a - b|`` (the first one on ties), where A held ``a`` and B held ``b``.
-    Relative error is ``|a - b| / |a|``: infinite where ``a`` is 0.
+    Relative error is ``|a - b| / |a|``: infinite where ``a`` is 0. ``max_steps``
+    (a weight ``--dequantize`` computed on either side): the largest ``|a - b|``
+    in units of the quantization step of its element (its block's, group's or
+    row's scale): how far from the best encoding, 0.5 for a rounded integer code.
     """
 
     key: str
@@ -200,6 +203,7 @@ class TensorDelta:
     index: tuple[int, ...]
     a: Scalar
     b: Scalar
+    max_steps: float | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass

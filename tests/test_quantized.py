@@ -923,3 +923,103 @@ def test_folder_mode_writes_the_plain_config_beside_each_output(run, tmp_path):
     assert len(broken.stderr.strip().splitlines()) == 1
     assert "nvfp4/config.json" in broken.stderr and "JSON" in broken.stderr
     assert not (tmp_path / "broken").exists()
+
+
+# -- diff --dequantize in quantization steps; check --finite on dequantized values ----------
+
+
+@pytest.mark.parametrize(("folder", "seed", "block"), [("ct-w4a16", 3, None),
+                                                       ("ct-fp8_block", 2, (128, 128))])
+def test_diff_reports_the_error_in_quantization_steps(run, tmp_path, folder, seed, block):
+    """diff QUANTIZED ORIGINAL --dequantize: per weight, max |a - b| / the scale of its
+    element's group or block (computed here from the file's scales), in text and JSON."""
+    from fixtures.quantized import CT_PRESETS, MODULE
+
+    quantized = QUANTIZED_FIXTURES / folder / "model.safetensors"
+    preset = next(p for p in CT_PRESETS if f"ct-{p.lower()}" == folder)
+    original = torch.randn(*CT_PRESETS[preset],
+                           generator=torch.Generator().manual_seed(seed)).bfloat16()
+    source = load_file(quantized)
+    reference = tmp_path / "original.safetensors"
+    save_file({f"{MODULE}.weight": original, "model.norm.weight": source["model.norm.weight"]},
+              reference)
+    plain = tmp_path / "plain.safetensors"
+    assert run("normalize", quantized, plain, "--dequantize").exit_code == 0
+    scale = source[f"{MODULE}.weight_scale"].double()
+    if block is None:
+        scale = scale.repeat_interleave(original.shape[1] // scale.shape[1], dim=1)
+    else:
+        scale = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    error = (load_file(plain)[f"{MODULE}.weight"].double() - original.double()).abs()
+    expected = float((error / scale).max())
+    result = run("diff", quantized, reference, "--dequantize", "--format", "json")
+    assert result.exit_code == 1, result.output
+    (delta,) = json.loads(result.stdout)["value_mismatches"]
+    assert delta["key"] == f"{MODULE}.weight"
+    assert delta["max_steps"] == pytest.approx(expected, rel=1e-12)
+    # half a step from rounding (int4's clipped edge and the bfloat16 output add a little;
+    # an E4M3 code's own step is up to 32 of its scale, at 256..448)
+    assert 0 < expected < (1 if block is None else 32)
+    text = run("diff", quantized, reference, "--dequantize")
+    assert f"({expected:.3g} steps)" in text.stdout
+    assert "steps" not in run("diff", plain, reference).stdout  # nothing dequantized
+
+
+def test_check_finite_reads_the_dequantized_weights(tmp_path, run):
+    """Finite codes times a finite scale can overflow: --finite names the weight."""
+    path = tmp_path / "overflow.safetensors"
+    codes = torch.full((128, 128), 448.0).to(torch.float8_e4m3fn)
+    save_file({"w.weight": codes, "w.weight_scale_inv": torch.full((1, 1), 3e38),
+               "v.weight": codes.clone(), "v.weight_scale_inv": torch.ones(1, 1)}, path)
+    doc = json.loads(run("check", path, "--finite", "--format", "json").stdout)
+    found = [(f["code"], f["key"], f["message"]) for f in doc["files"][0]["findings"]]
+    assert [(c, k) for c, k, _ in found] == [("CKP006", "w.weight")], found
+    assert "16384 of 16384 values are NaN or infinite once dequantized" in found[0][2]
+    assert run("check", path).exit_code == 0  # without --finite: no value is read
+
+
+def _grid(weight) -> torch.Tensor | None:
+    """The values a weight's codes stand for, in units of its step (None: every integer)."""
+    from ckptport.quant.bnb import TABLES
+
+    params = weight.params
+    if params.get("quant_type") in TABLES:
+        return torch.tensor([float.fromhex(v) for v in TABLES[params["quant_type"]]],
+                            dtype=torch.float64)
+    if params.get("num_bits") == 4 and params.get("type", "float") == "float" or \
+            weight.scheme.name == "mxfp4":
+        magnitudes = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+        return torch.cat((magnitudes, -magnitudes))
+    if str(params.get("format")).startswith("float8") or params.get("type") == "float":
+        every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+        return every[every.isfinite()]
+    return None
+
+
+@pytest.mark.parametrize("case", ["fp8", "mxfp4", "bnb", "gptq", "modelopt", "ct-nvfp4a16",
+                                  "ct-mxfp4a16", "ct-mxfp8a16", "ct-w8a8", "ct-w3a16"])
+def test_each_schemes_step_is_what_its_codes_are_multiplied_by(case, fp8, mxfp4, bnb_model,
+                                                                tmp_path):
+    """Every scheme's step (what diff divides by): the float32 dequantized weight over it
+    lies on the scheme's code grid (integers, E2M1, E4M3, the NF4/FP4 tables), up to the
+    rounding of the scheme's own arithmetic."""
+    from ckptport.quant import config_of, recognize
+
+    if case == "gptq":
+        path = _gptq_folder(tmp_path / "g", _gptq(4, True, seed=8)[0], bits=4, group_size=32,
+                            desc_act=True, checkpoint_format="gptq")
+    else:
+        path = {"fp8": fp8, "mxfp4": mxfp4, "bnb": bnb_model[0],
+                "modelopt": MODELOPT / "model.safetensors"}.get(
+            case, QUANTIZED_FIXTURES / case / "model.safetensors")
+    state = load_file(path)
+    weights = recognize(state, config_of(path)).weights
+    assert weights
+    for weight in weights:
+        parts = tuple(state[n] for n in weight.parts.values())
+        ratio = (weight.scheme.dequantize(weight, parts, torch.float32).double()
+                 / weight.scheme.step(weight, parts))
+        grid = _grid(weight)
+        nearest = ratio.round() if grid is None else \
+            grid[(ratio.unsqueeze(-1) - grid).abs().argmin(-1)]
+        assert torch.allclose(ratio, nearest, rtol=2 ** -7, atol=1e-6), (case, weight.name)

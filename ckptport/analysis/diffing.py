@@ -22,7 +22,7 @@ Value semantics (documented in the README and ``ckptport diff --help``):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..checkpoint import Checkpoint, KeyPath, format_path, is_tensor
 from ..compare import TensorDelta, Tolerance, compare_tensor, leaf_equal
@@ -223,7 +223,8 @@ def compare_sides(side_a: Side, leaves_a: dict[KeyPath, Tree], side_b: Side,
         if dtype_of(value_a) == dtype_of(value_b) or tolerance.cast:
             pairs.append((key, value_a, value_b))
     advance = progress("diff", sum(nbytes(x) for _, x, _ in pairs))
-    deltas = [d for d in (compare_tensor(*pair, tolerance, advance) for pair in pairs)
+    deltas = [_in_steps(d, pair) for d, pair in
+              ((compare_tensor(*pair, tolerance, advance), pair) for pair in pairs)
               if d is not None]
     only_a, tied_a = _one_side(leaves_a, leaves_b)
     only_b, tied_b = _one_side(leaves_b, leaves_a)
@@ -256,6 +257,14 @@ def from_manifests(side_a: Side, side_b: Side, comparison: ManifestComparison,
         only_in_b=comparison.unexpected, tied_only_in_a=comparison.tied_missing,
         tied_only_in_b=comparison.tied_unexpected, shape_mismatches=tuple(shapes),
         dtype_mismatches=tuple(dtypes), hash_mismatches=tuple(hashes))
+
+
+def _in_steps(delta: TensorDelta, pair: tuple[str, TensorLeaf, TensorLeaf]) -> TensorDelta:
+    """A dequantized weight's delta, with its error in quantization steps."""
+    from ..rules.quantized import quantization_steps
+
+    steps = quantization_steps(pair[1], pair[2])
+    return delta if steps is None else replace(delta, max_steps=steps)
 
 
 def _one_side(mine: dict[KeyPath, Tree], theirs: dict[KeyPath, Tree]

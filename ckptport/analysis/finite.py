@@ -5,7 +5,9 @@ formats, which numpy does not know, are tested on their bit patterns (an
 all-ones exponent for bfloat16 and e5m2; the NaN codes of e4m3fn, the
 ``fnuz`` formats and e8m0). By default only the weights ``--select`` picks
 are checked, so a Lightning callback's ``kth_value=inf`` is not a finding;
-``--finite-all`` checks every tensor.
+``--finite-all`` checks every tensor. A quantized weight whose codes and scales
+are finite is also checked dequantized (``analysis.quantized``: torch, one
+weight at a time), since their product can overflow.
 """
 
 from __future__ import annotations
@@ -84,7 +86,12 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
         return bad
 
     counts = run_all(count, floats, jobs=jobs, size=lambda item: nbytes(item[1]))
+    reported: set[str] = set()
     for (path, leaf), bad in zip(floats, counts, strict=True):
         if bad:
+            reported.add(format_path((*prefix, *path)))
             yield (format_path((*prefix, *path)),
                    f"{bad} of {leaf.numel()} values are NaN or infinite")
+    from .quantized import dequantized_non_finite
+
+    yield from dequantized_non_finite(checkpoint, reported)

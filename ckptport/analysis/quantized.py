@@ -19,11 +19,11 @@ from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
 from ..errors import CkptportError
 from ..rules.quantized import recognized
-from ..tensors import chunks
+from ..tensors import chunks, to_torch
 from ..tree import format_path, iter_tensors, state_dicts
 from .finite import count_non_finite
 
-__all__ = ["quantization_findings"]
+__all__ = ["quantization_findings", "dequantized_non_finite"]
 
 # dtype -> (numpy word, mask of the bits that are zero exactly when the value is ±0)
 _ZERO_BITS = {"float32": ("<u4", 0x7FFFFFFF), "float16": ("<u2", 0x7FFF),
@@ -58,6 +58,33 @@ def quantization_findings(checkpoint: Checkpoint, values: bool) -> Iterator[tupl
                                      ((bad, "NaN or infinite"), (zeros, "zero")) if n)
                     yield where, (f"{weight.scheme.name} scale of {weight.name} holds {what} "
                                   "values: the codes of those blocks dequantize to NaN or 0")
+
+
+def dequantized_non_finite(checkpoint: Checkpoint, reported: set[str]
+                           ) -> Iterator[tuple[str, str]]:
+    """``check --finite`` on a quantized checkpoint: each weight as ``--dequantize float32``
+    computes it, one at a time, where its codes and scales are finite (else they are the
+    finding) but the weight is not: a finite scale times a finite code can overflow."""
+    try:
+        found = recognized(checkpoint)
+    except CkptportError:
+        return  # CKP016 says why it cannot be dequantized
+    for prefix, recognition in found:
+        state = _state(checkpoint, prefix)
+        for weight in recognition.weights:
+            where = [f"{prefix}.{n}" if prefix else n for n in (weight.name,
+                                                                *weight.parts.values())]
+            if any(name in reported for name in where):
+                continue
+            import torch
+
+            made = weight.scheme.dequantize(
+                weight, tuple(to_torch(state[n]) for n in weight.parts.values()), torch.float32)
+            bad = int((~made.isfinite()).sum())
+            if bad:
+                yield where[0], (f"{bad} of {made.numel()} values are NaN or infinite once "
+                                 f"dequantized ({weight.scheme.name}, as --dequantize float32 "
+                                 "computes them), though its codes and scales are finite")
 
 
 def _state(checkpoint: Checkpoint, prefix: str) -> Any:

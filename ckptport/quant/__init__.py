@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import InputError
 from ..remote.urls import is_remote
@@ -31,8 +31,8 @@ from ..remote.urls import is_remote
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Scheme", "QuantizedWeight", "Recognition", "QuantError", "register", "SCHEMES",
-           "recognize", "config_of", "packed_linears", "DEQUANTIZE_CHOICES"]
+__all__ = ["Scheme", "Stepped", "QuantizedWeight", "Recognition", "QuantError", "register",
+           "SCHEMES", "recognize", "config_of", "packed_linears", "spread", "DEQUANTIZE_CHOICES"]
 
 DEQUANTIZE_CHOICES = ("bfloat16", "float16", "float32")
 _MAX_CONFIG = 1 << 20  # a model's config.json is kilobytes
@@ -85,6 +85,17 @@ class Scheme(Protocol):
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Stepped(Scheme, Protocol):
+    """A scheme whose codes are multiplied by a scale: ``diff --dequantize`` reports errors
+    in units of it (a scheme without one gets the usual figures only)."""
+
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The quantization step of each element of the dequantized weight: the scale its
+        code is multiplied by (a block's, a group's, a row's), float64, broadcastable to
+        the weight's shape."""
 
 
 SCHEMES: dict[str, Scheme] = {}
@@ -187,6 +198,18 @@ def _json_entry(path: Path, key: str) -> dict[str, Any] | None:
         return None  # not a model's config: the tensors alone decide
     found = doc.get(key) if isinstance(doc, dict) else None
     return found if isinstance(found, dict) else None
+
+
+def spread(grid: torch.Tensor, block: tuple[int, int], shape: tuple[int, ...]
+           ) -> torch.Tensor:
+    """A grid of per-block values (the last two dimensions, ``block`` rows by columns) laid
+    over each element of ``shape`` (edge blocks cut short), as float64."""
+    import torch
+
+    rows, cols = shape[-2:]
+    wide = grid.to(torch.float64)
+    wide = wide.repeat_interleave(block[0], dim=-2)[..., :rows, :]
+    return wide.repeat_interleave(block[1], dim=-1)[..., :cols]
 
 
 def _load_schemes() -> None:

@@ -44,6 +44,12 @@ class Awq:
             yield _weight(self, module, qweight, scales, tensors.get(f"{module}.qzeros"),
                           config)
 
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        import torch
+
+        scales = parts[1]  # (K / g, N)
+        return scales.to(torch.float64).repeat_interleave(weight.params["group_size"], 0).T
+
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
 

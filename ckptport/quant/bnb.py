@@ -67,6 +67,17 @@ class Bitsandbytes:
                     f"{name[:-len('.absmax')]}{STATE}{kind}" in tensors for kind in TABLES):
                 raise QuantError(f"{name}: a bitsandbytes absmax without its quant_state")
 
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """A row's ``SCB / 127`` (8-bit); a block's absmax (4-bit: the table spans ±1)."""
+        import torch
+
+        named = dict(zip(weight.parts, parts, strict=True))
+        if weight.params["bits"] == 8:
+            return (named["SCB"].view(-1, 1) * INT8_SCALE).to(torch.float64)
+        per_value = _absmax(weight, named).to(torch.float64).repeat_interleave(
+            weight.params["blocksize"])
+        return per_value[:math.prod(weight.shape)].reshape(weight.shape)
+
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
         import torch
@@ -76,12 +87,7 @@ class Bitsandbytes:
         if params["bits"] == 8:
             scaled = named["weight"] * named["SCB"].view(-1, 1) * INT8_SCALE
             return scaled.to(dtype)
-        absmax = named["absmax"]
-        if params["nested"]:
-            codes = named["nested_quant_map"].to(torch.float32)[absmax.view(torch.uint8).long()]
-            absmax = _blockwise(codes, named["nested_absmax"].to(torch.float32),
-                                params["nested_blocksize"])
-            absmax = absmax + torch.tensor(float(params["nested_offset"]))
+        absmax = _absmax(weight, named)
         packed = named["weight"].contiguous().view(torch.uint8).reshape(-1)
         count = math.prod(weight.shape)
         codes4 = torch.empty(packed.numel() * 2, dtype=torch.int32)
@@ -92,6 +98,20 @@ class Bitsandbytes:
         values = _blockwise(table[codes4][:count], absmax.to(torch.float32),
                             params["blocksize"])
         return values.reshape(weight.shape).to(dtype)
+
+
+def _absmax(weight: QuantizedWeight, named: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Each block's absmax (nested: the absmax codes dequantized blockwise, plus the
+    offset, in float32)."""
+    import torch
+
+    params, absmax = weight.params, named["absmax"]
+    if not params["nested"]:
+        return absmax
+    codes = named["nested_quant_map"].to(torch.float32)[absmax.view(torch.uint8).long()]
+    nested = _blockwise(codes, named["nested_absmax"].to(torch.float32),
+                        params["nested_blocksize"])
+    return nested + torch.tensor(float(params["nested_offset"]))
 
 
 def _blockwise(values: torch.Tensor, absmax: torch.Tensor, size: int) -> torch.Tensor:

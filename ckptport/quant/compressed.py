@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register
+from . import QuantError, QuantizedWeight, register, spread
 
 if TYPE_CHECKING:
     import torch
@@ -101,6 +101,23 @@ class CompressedTensors:
             extra = (f"{module}.weight_shape", *extra)
         return QuantizedWeight(self, f"{module}.weight", shape, parts, params, extra)
 
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        import torch
+
+        named = dict(zip(weight.parts, parts, strict=True))
+        params, scale = weight.params, named["weight_scale"]
+        if params["format"] == "nvfp4-pack-quantized":
+            return nvfp4_step(scale, named["weight_global_scale"])
+        if params["format"] in ("mxfp4-pack-quantized", "mxfp8-quantized"):
+            scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.float64)
+        wide = scale.to(torch.float64)
+        strategy = params["strategy"]
+        if strategy == "group":
+            return wide.repeat_interleave(params["group_size"], dim=-1)
+        if strategy == "block":
+            return spread(wide, tuple(params["block_structure"]), weight.shape)
+        return wide.reshape(()) if strategy == "tensor" else wide  # a row's: (N, 1)
+
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
         import torch
@@ -128,6 +145,14 @@ class CompressedTensors:
             if params["format"] == "mxfp8-quantized":  # E8M0 exponents, as bfloat16 scales
                 scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
         return _affine(codes, scale, zero, params).to(dtype)
+
+
+def nvfp4_step(scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """Each NVFP4 value's scale, as ``nvfp4_dequantized`` multiplies it (float64)."""
+    import torch
+
+    grid = scale.to(torch.bfloat16) / global_scale
+    return grid.to(torch.float64).repeat_interleave(NVFP4_GROUP, dim=-1)
 
 
 def nvfp4_dequantized(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor

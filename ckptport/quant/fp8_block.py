@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register
+from . import QuantError, QuantizedWeight, register, spread
 
 if TYPE_CHECKING:
     import torch
@@ -86,13 +86,18 @@ class Fp8Block:
         return QuantizedWeight(self, name, shape, {"codes": name, "scale": scale_name},
                                params, extra)
 
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        block = weight.params["block_size"]
+        factor = _factor(parts[1])
+        return factor.double().reshape(()) if block is None else \
+            spread(factor, block, weight.shape)
+
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
         import torch
 
         codes, scale = parts
-        factor = (scale.to(torch.float32) - 127.0).exp2() if scale.dtype == torch.uint8 \
-            else scale.to(torch.float32)
+        factor = _factor(scale)
         block = weight.params["block_size"]
         if block is None:
             return (codes.to(torch.float32) * factor.reshape(())).to(dtype)
@@ -105,6 +110,14 @@ class Fp8Block:
             grid = factor[..., start // bm:-(-stop // bm), :]
             out[..., start:stop, :].copy_(_scaled(codes[..., start:stop, :], grid, block))
         return out
+
+
+def _factor(scale: torch.Tensor) -> torch.Tensor:
+    """The blocks' scales in float32 (uint8 E8M0 exponents as ``2 ** (byte - 127)``)."""
+    import torch
+
+    return (scale.to(torch.float32) - 127.0).exp2() if scale.dtype == torch.uint8 \
+        else scale.to(torch.float32)
 
 
 def _scaled(codes: torch.Tensor, grid: torch.Tensor, block: list[int]) -> torch.Tensor:

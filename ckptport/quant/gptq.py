@@ -53,19 +53,30 @@ class Gptq:
             if qweight.shape[1] == scales.shape[1]:  # else AWQ's layout (it packs the outputs)
                 yield _weight(self, module, tensors, config)
 
-    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
-                   dtype: torch.dtype) -> torch.Tensor:
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         import torch
 
-        qweight, qzeros, scales, *rest = parts
+        scales = parts[2]
+        return scales.T[:, _groups(parts, weight.shape[1])].to(torch.float64)
+
+    def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> torch.Tensor:
+        qweight, qzeros, scales, *_ = parts
         params = weight.params
         bits, (outputs, inputs) = params["bits"], weight.shape
         codes = _unpack(qweight.T, bits, inputs)                    # (N, K)
         zeros = _unpack(qzeros, bits, outputs) + FORMATS[params["checkpoint_format"]]
-        groups = rest[0].long() if rest else \
-            torch.arange(inputs) // (inputs // scales.shape[0])
+        groups = _groups(parts, inputs)
         steps = codes - zeros.T[:, groups]                            # (N, K), integers
         return (steps.to(scales.dtype) * scales.T[:, groups]).to(dtype)
+
+
+def _groups(parts: tuple[torch.Tensor, ...], inputs: int) -> torch.Tensor:
+    """The group of each input: ``g_idx`` where there is one, else in order."""
+    import torch
+
+    scales, rest = parts[2], parts[3:]
+    return rest[0].long() if rest else torch.arange(inputs) // (inputs // scales.shape[0])
 
 
 def _unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:

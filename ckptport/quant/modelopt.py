@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ..dtypes import dtype_of
 from ..tree import TensorLeaf
 from . import QuantError, QuantizedWeight, register
-from .compressed import NVFP4_GROUP, nvfp4_dequantized
+from .compressed import NVFP4_GROUP, nvfp4_dequantized, nvfp4_step
 
 if TYPE_CHECKING:
     import torch
@@ -106,6 +106,10 @@ class ModelOptNvfp4:
             {"quant_algo": "NVFP4", "num_bits": 4, "group_size": NVFP4_GROUP,
              "scale_dtype": "float8_e4m3fn"},
             tuple(prefix + n for n in CONSUMED if prefix + n in tensors))
+
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        _, scale, second = parts
+        return nvfp4_step(scale, 1 / second)
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:

@@ -73,6 +73,13 @@ class Mxfp4:
                                {"blocks": blocks_name, "scales": scales_name},
                                {"group_size": width * 2, "layout": "experts, in, out"})
 
+    def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        import torch
+
+        exponents = parts[1].view(torch.uint8).to(torch.float64) - 127
+        per_value = exponents.exp2().repeat_interleave(weight.params["group_size"], dim=-1)
+        return per_value.transpose(1, 2)  # (experts, groups * 32, rows), as the weight
+
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
         import torch

@@ -270,8 +270,10 @@ def _delta_row(delta: TensorDelta) -> tuple[str, ...]:
     from ..analysis.diffing import format_number
 
     dtype = delta.dtype_a if delta.dtype_a == delta.dtype_b else f"{delta.dtype_a}/{delta.dtype_b}"
+    steps = "" if delta.max_steps is None else f" ({delta.max_steps:.3g} steps)"
     return (delta.key, dtype, f"{delta.differing} of {delta.numel}",
-            format_number(delta.max_abs), format_number(delta.max_rel), str(list(delta.index)),
+            format_number(delta.max_abs) + steps, format_number(delta.max_rel),
+            str(list(delta.index)),
             _value(delta.a), _value(delta.b))
 
 

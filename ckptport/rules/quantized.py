@@ -14,9 +14,9 @@ import ctypes
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DTYPES, DType, dtype_of
@@ -26,6 +26,7 @@ from ..quant import (
     QuantError,
     QuantizedWeight,
     Recognition,
+    Stepped,
     config_of,
     recognize,
 )
@@ -35,7 +36,13 @@ from ..tensors import Computed, to_torch
 from ..tree import format_path, iter_tensors, rebuild_dict, replace_state_dicts, state_dicts
 from .base import Change, RuleResult
 
-__all__ = ["Dequantize", "recognized", "refuse_cast", "quantization_of", "plain_config"]
+if TYPE_CHECKING:
+    import torch
+
+    from ..tree import TensorLeaf
+
+__all__ = ["Dequantize", "Dequantizer", "recognized", "refuse_cast", "quantization_of",
+           "plain_config", "quantization_steps"]
 
 
 def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
@@ -182,8 +189,39 @@ def _prefix(path: tuple[Any, ...]) -> str:
     return format_path(path) if path else ""
 
 
-def _dequantized(weight: QuantizedWeight, dtype: Any, *parts: Any) -> Any:
-    return weight.scheme.dequantize(weight, parts, dtype)
+@dataclass(frozen=True)
+class Dequantizer:
+    """A ``Computed`` leaf's recipe for one quantized weight: kept as data, so that what
+    reads the leaf (``diff``'s error in quantization steps) knows the weight it makes."""
+
+    weight: QuantizedWeight
+    dtype: torch.dtype
+
+    def __call__(self, *parts: torch.Tensor) -> torch.Tensor:
+        return self.weight.scheme.dequantize(self.weight, parts, self.dtype)
+
+
+def quantization_steps(a: TensorLeaf, b: TensorLeaf) -> float | None:
+    """The largest ``|a - b|`` in units of the quantization step of each element, where
+    ``--dequantize`` computed ``a`` (else ``b``); None when neither side was. Two NaNs
+    count as equal, one NaN as infinitely far."""
+    made = next((leaf for leaf in (a, b) if isinstance(leaf, Computed)
+                 and isinstance(leaf.compute, Dequantizer)), None)
+    if made is None:
+        return None
+    import torch
+
+    recipe = made.compute
+    assert isinstance(recipe, Dequantizer)
+    scheme = recipe.weight.scheme
+    if not isinstance(scheme, Stepped):
+        return None
+    parts = tuple(to_torch(part) for part in made.inputs)
+    step = scheme.step(recipe.weight, parts)
+    x, y = (to_torch(leaf).to(torch.float64) for leaf in (a, b))
+    ratio = (x - y).abs() / step
+    ratio = torch.where(x.isnan() & y.isnan(), 0.0, ratio.nan_to_num(nan=torch.inf))
+    return float(ratio.max()) if ratio.numel() else 0.0
 
 
 @dataclass(frozen=True)
@@ -251,6 +289,5 @@ class Dequantize:
             self.name, tuple(changes), summary, {"schemes": counts, "dtype": self.dtype})
 
     def _leaf(self, weight: QuantizedWeight, target: DType, parts: tuple[Any, ...]) -> Any:
-        leaf = Computed(target, weight.shape, parts,
-                        partial(_dequantized, weight, target.to_torch()))
+        leaf = Computed(target, weight.shape, parts, Dequantizer(weight, target.to_torch()))
         return leaf if self.lazy else to_torch(leaf)
