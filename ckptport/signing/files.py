@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError, SignatureError
 from .bundles import SignedStatement
 from .keys import cause, need_library
-from .onepass import TensorRanges, tapped_config
+from .onepass import TensorRanges, new_config, tapped_config
 
 if TYPE_CHECKING:
     from model_signing import hashing, manifest
@@ -62,11 +62,10 @@ def files_payload(model: Path, ignored: Iterable[Path], algorithm: str,
     only) each file is read once and the tensors lying in it are hashed on the way, their
     digests left in ``ranges.done`` (``onepass``)."""
     need_library()
-    from model_signing import hashing
     from model_signing._signing import signing
 
     config = tapped_config(ranges, jobs) if ranges is not None else \
-        hashing.Config().use_file_serialization(
+        new_config().use_file_serialization(
             hashing_algorithm=algorithm)  # type: ignore[arg-type]  # one of FILE_HASHES
     config.set_ignored_paths(paths=list(ignored), ignore_git_paths=True)
     return signing.Payload(hash_model(model, config))
@@ -78,7 +77,6 @@ def compare_files(model: Path, signed: SignedStatement, ranges: TensorRanges | N
     signature over whole files in sha256 is checked by the read that also hashes the
     tensors lying in them (``onepass``)."""
     need_library()
-    from model_signing import hashing
     from model_signing._signing import signing
 
     try:
@@ -90,10 +88,10 @@ def compare_files(model: Path, signed: SignedStatement, ranges: TensorRanges | N
         if method == "files" and args["hash_type"] == "sha256" and ranges is not None:
             config = tapped_config(ranges, jobs)
         elif method == "files":
-            config = hashing.Config().use_file_serialization(**common)
+            config = new_config().use_file_serialization(**common)
         elif method == "shards":
-            config = hashing.Config().use_shard_serialization(shard_size=args["shard_size"],
-                                                              **common)
+            config = new_config().use_shard_serialization(shard_size=args["shard_size"],
+                                                          **common)
         else:
             raise ValueError(f"unknown serialization method {method!r}")
     except (ValueError, KeyError, TypeError) as exc:

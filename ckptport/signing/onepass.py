@@ -34,7 +34,7 @@ from ..tree import Tree, iter_tensors
 if TYPE_CHECKING:
     from model_signing import hashing
 
-__all__ = ["TensorRanges", "tapped_config"]
+__all__ = ["TensorRanges", "tapped_config", "new_config"]
 
 CHUNK = 8 << 20
 FileKey = tuple[int, int]  # (st_dev, st_ino): a file however its path is spelled
@@ -107,10 +107,17 @@ def _hash_file(path: Path, ranges: TensorRanges, lanes: int) -> bytes:
     return file_sha.digest()
 
 
+def new_config() -> hashing.Config:
+    """A ``model_signing`` hashing config with its defaults (its constructor is not
+    annotated: the one untyped call, made here)."""
+    from model_signing import hashing
+
+    return hashing.Config()  # type: ignore[no-untyped-call]
+
+
 def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> hashing.Config:
     """A ``model_signing`` hashing config over files with sha256 whose hasher reads each
     file once and hashes the tensors lying in it into ``ranges`` on the way."""
-    from model_signing import hashing
     from model_signing._hashing import hashing as engines
     from model_signing._hashing import io
     from model_signing._serialization import file
@@ -134,7 +141,7 @@ def tapped_config(ranges: TensorRanges, jobs: int | None = None) -> hashing.Conf
         def compute(self) -> engines.Digest:
             return engines.Digest("sha256", _hash_file(self._path, ranges, lanes))
 
-    config = hashing.Config()  # type: ignore[no-untyped-call]
+    config = new_config()
     config._serializer = file.Serializer(TappedHasher, max_workers=workers(jobs))  # noqa: SLF001
     return config
 
