@@ -15,7 +15,11 @@ With ``--capped MBPS`` (issue 30) the server caps each connection at MBPS
 MB/s, as a real link caps one stream, and ``inspect``, ``manifest`` and
 ``normalize`` of the ``.safetensors`` file with the default connections are
 timed against a single-stream download and against ``--connections 1``;
-the target is >= 4x faster than the single-stream download:
+the target is >= 4x faster than the single-stream download. The capped
+server is nginx (``limit_rate``, per connection; Debian's ``nginx-light``)
+where it is installed, so the server costs next to nothing of the cores
+the command runs on; else the tests' Python server (``--python-server``
+forces it):
 
     python -m bench.bench_remote --size-gb 1 --capped 20 --runs 1
 
@@ -34,12 +38,15 @@ Data goes under bench/out/ (gitignored) and is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.run import generate
@@ -83,6 +90,8 @@ def main() -> None:
     parser.add_argument("--moto", action="store_true",
                         help="time remote -> remote normalize through moto's S3 server")
     parser.add_argument("--shard", default="1GB", help="--moto: the shard set's shard size")
+    parser.add_argument("--python-server", action="store_true",
+                        help="--capped: the tests' Python server even where nginx is installed")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     ckptport = [sys.executable, "-m", "ckptport"]
@@ -95,7 +104,10 @@ def main() -> None:
             subprocess.run([*ckptport, "normalize", str(pth), str(safetensors), "-q",
                             "--no-verify"], check=True, stdout=subprocess.DEVNULL)
         if args.capped:
-            capped(server, safetensors, args.capped * 1e6, args.runs, ckptport)
+            nginx = None if args.python_server else _nginx_binary()
+            with (capped_nginx(nginx, safetensors, args.capped) if nginx else
+                  capped_python(server, safetensors, args.capped)) as (url, what):
+                capped(url, what, safetensors, args.capped * 1e6, args.runs, ckptport)
             return
         if args.moto:
             through_moto(safetensors, args.runs, ckptport, args.shard)
@@ -141,23 +153,71 @@ def main() -> None:
             shutil.rmtree(OUT, ignore_errors=True)
 
 
-def capped(server: ObjectServer, path: Path, rate: float, runs: int,
-           ckptport: list[str]) -> None:
-    """Parallel ranged reads against a per-connection cap: default connections vs one."""
-    server.rate = rate
+def _nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+
+
+@contextlib.contextmanager
+def capped_python(server: ObjectServer, path: Path, mbps: float) -> Iterator[tuple[str, str]]:
+    """The tests' server (a thread of this process) capping each connection."""
+    server.rate = mbps * 1e6
     server.objects[f"/{path.name}"] = path
-    url = f"{server.url}/{path.name}"
+    yield f"{server.url}/{path.name}", "the tests' Python server"
+
+
+@contextlib.contextmanager
+def capped_nginx(binary: str, path: Path, mbps: float) -> Iterator[tuple[str, str]]:
+    """nginx serving ``path``'s folder on 127.0.0.1, ``limit_rate`` per connection (Range,
+    ETag and If-Match as for any static file); stopped on exit."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    prefix = OUT / "nginx"
+    prefix.mkdir(exist_ok=True)
+    (prefix / "nginx.conf").write_text(f"""
+daemon off; master_process off; worker_processes 1; user root;
+error_log {prefix}/error.log; pid {prefix}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+  access_log off; sendfile on; keepalive_requests 100000;
+  client_body_temp_path {prefix}; proxy_temp_path {prefix}; fastcgi_temp_path {prefix};
+  uwsgi_temp_path {prefix}; scgi_temp_path {prefix};
+  server {{ listen 127.0.0.1:{port}; root {path.parent}; limit_rate {int(mbps * 1e6)}; }}
+}}
+""")
+    process = subprocess.Popen([binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf")],
+                               stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            time.sleep(0.05)
+        version = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr.strip()
+        yield f"http://127.0.0.1:{port}/{path.name}", f"{version}, limit_rate"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def capped(url: str, server: str, path: Path, rate: float, runs: int,
+           ckptport: list[str]) -> None:
+    """Parallel ranged reads against a per-connection cap: default connections vs one, and
+    the same command on the local file (the work no link makes shorter)."""
     whole = min(download(url, OUT / "download.bin") for _ in range(runs))
     print(f"{path.name}: {path.stat().st_size / 1e9:.2f} GB, each connection capped at "
-          f"{rate / 1e6:g} MB/s; single-stream download {whole:.1f} s")
+          f"{rate / 1e6:g} MB/s by {server}; single-stream download {whole:.1f} s")
     print(f"{'command':24s} {'connections':>11s} {'seconds':>8s} {'x faster':>9s} "
-          f"{'MB/s':>7s} {'requests':>9s}  target")
+          f"{'MB/s':>7s} {'requests':>9s} {'local s':>8s}  target")
     for name, command in (
-            ("inspect", ["inspect", url, "--format", "json"]),
-            ("manifest", ["manifest", url, "-o", str(OUT / "m.json"), "--overwrite",
+            ("inspect", ["inspect", "{}", "--format", "json"]),
+            ("manifest", ["manifest", "{}", "-o", str(OUT / "m.json"), "--overwrite",
                           "--format", "json", "-q"]),
-            ("normalize .safetensors", ["normalize", url, str(OUT / "o.safetensors"),
+            ("normalize .safetensors", ["normalize", "{}", str(OUT / "o.safetensors"),
                                         "--overwrite", "--format", "json", "-q"])):
+        local = min(timed([*ckptport, *(a.format(path) for a in command)])[0]
+                    for _ in range(runs))
+        command = [a.format(url) for a in command]
         for connections in (None, 1):
             if connections == 1 and name == "inspect":
                 continue
@@ -170,7 +230,7 @@ def capped(server: ObjectServer, path: Path, rate: float, runs: int,
                       ">= 4x: " + ("ok" if faster >= 4 else "MISSED"))
             print(f"{name:24s} {moved.get('connections', '?')!s:>11s} {seconds:8.1f} "
                   f"{faster:9.1f} {moved.get('throughput', 0) / 1e6:7.1f} "
-                  f"{moved.get('requests', 0):9d}  {target}")
+                  f"{moved.get('requests', 0):9d} {local:8.1f}  {target}")
 
 
 def through_moto(path: Path, runs: int, ckptport: list[str], shard: str) -> None:

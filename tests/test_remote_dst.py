@@ -308,6 +308,45 @@ def test_what_the_server_stored_is_verified(bucket, source, run):
     _nothing_left(bucket)
 
 
+def test_read_back_streams_blocks_resumes_a_break_and_compares_every_block(
+        bucket, source, run, monkeypatch):
+    """The read-back is a few streamed requests (one span per connection), compared block by
+    block; a body that breaks mid-span is asked again from that block; a block that differs
+    from the local bytes is refused naming its bytes, and nothing appears."""
+    from ckptport.remote import s3
+
+    monkeypatch.setattr(upload, "READ_BACK", MiB)
+    body = s3.S3Object._body
+    calls = {"blocks": 0, "broke": 0}
+
+    def breaking(self: Any, stream: Any, buffer: memoryview, late: Any) -> int:
+        calls["blocks"] += 1
+        if calls["blocks"] == 3 and not calls["broke"]:
+            calls["broke"] += 1
+            raise s3.Transient("the connection broke (injected)")
+        return body(self, stream, buffer, late)
+
+    monkeypatch.setattr(s3.S3Object, "_body", breaking)
+    made = run("normalize", source, f"s3://{BUCKET}/streamed.pth", "-q", "--format", "json")
+    assert made.exit_code == 0, made.stderr
+    assert calls["broke"] == 1 and calls["blocks"] >= 13  # 12 MiB in 1 MiB blocks, one again
+    import os
+
+    class Lying:  # upload's os, whose pread of the local file differs from 4 MiB on
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        @staticmethod
+        def pread(fd: int, n: int, at: int) -> bytes:
+            data = os.pread(fd, n, at)
+            return data if at < 4 * MiB else bytes([data[0] ^ 1]) + data[1:]
+
+    monkeypatch.setattr(upload, "os", Lying())
+    refused = run("normalize", source, f"s3://{BUCKET}/differs.pth", "-q")
+    assert refused.exit_code == 2 and "reads back different in bytes" in refused.stderr
+    _nothing_left(bucket, keep=("streamed.pth",))
+
+
 def test_ctrl_c_between_parts_aborts_the_upload(bucket, source, run):
     def interrupt() -> Any:
         raise KeyboardInterrupt

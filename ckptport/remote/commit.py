@@ -27,10 +27,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CkptportError, OutputError, VerificationError
 from .urls import RemotePath, RemoteURL
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitOperationAdd
 
 __all__ = ["HubStore", "Uploaded", "INLINE", "DEFERRED"]
 
@@ -43,7 +46,7 @@ DEFERRED = "hub commit deferred"
 @dataclass(frozen=True)
 class Uploaded:
     name: str
-    operation: Any  # huggingface_hub.CommitOperationAdd, uploaded
+    operation: CommitOperationAdd  # uploaded (LFS) or inline, for the commit that names it
     sha256: str
     size: int
 
@@ -87,7 +90,8 @@ class HubStore:
 
         return OutputError(f"the hub refused: {redact(first)}", self.path)
 
-    def _call(self, operation: str, **params: Any) -> Any:
+    # Any: an HfApi method's own answer (RepoInfo, CommitInfo, None), read by the caller
+    def _call(self, operation: str, **params: object) -> Any:
         try:
             return getattr(self.api, operation)(**params)
         except CkptportError:

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..errors import DeadlineError, OptionError
 
@@ -239,24 +239,25 @@ class armed:  # noqa: N801 - a context manager read as a phrase: ``with armed(en
         WATCHDOG.disarm(self.alarm)
 
 
-def bounded(call: Callable[[], T], transfers: Transfers, ends: float, where: Any) -> T:
+def bounded(call: Callable[[], T], transfers: Transfers, ends: float, where: object) -> T:
     """``call()`` (a library's request whose sockets ckptport does not hold), waited for
     until ``ends`` at most: then ``DeadlineError``, and the call is left to end on its own
     socket timeouts (``Timeout.read``) in its daemon thread (one per call: a shared pool
     would make one command's parallel reads queue, and queueing count as waiting)."""
-    outcome: dict[str, Any] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def work() -> None:
         try:
-            outcome["value"] = call()
+            value.append(call())
         except BaseException as exc:  # handed to the caller's thread as raised
-            outcome["error"] = exc
+            error.append(exc)
 
     worker = threading.Thread(target=work, name="ckptport-bounded", daemon=True)
     worker.start()
     worker.join(max(0.0, transfers.left(ends)))
     if worker.is_alive():
         raise transfers.expired(ends, where)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
+    if error:
+        raise error[0]
+    return value[0]

@@ -30,6 +30,7 @@ ATTEMPTS = int(os.environ.get("CKPTPORT_REMOTE_ATTEMPTS", "5"))  # per range, fi
 BACKOFF = 0.25  # seconds before the first retry; doubles each time, with jitter
 MAX_BACKOFF = 8.0
 PIECE = 64 << 20  # bytes per request at most: within ``Timeout.request`` at 220 KB/s and up
+RANGE = 1 << 20  # the least a split or read-ahead request fetches, unless a backend says more
 
 T = TypeVar("T")
 
@@ -83,6 +84,8 @@ class Backend(Protocol):
 
     size: int
     version: str  # the pinned ETag / version id / commit, compared by ``changed``
+    # the least one request of a split read or a read-ahead fetches (``RANGE``; S3: 8 MiB)
+    least: int
 
     def fetch_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from ``offset`` of the pinned version (retried; errors named)."""

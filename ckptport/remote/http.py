@@ -40,7 +40,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from ..errors import DeadlineError, InputError
 from . import meter
 from .deadline import Transfers, armed
-from .fetching import NotFound, Transient, pieces, retrying
+from .fetching import RANGE, NotFound, Transient, pieces, retrying
 from .urls import RemotePath
 
 __all__ = ["HttpObject", "open_http"]
@@ -79,6 +79,7 @@ class HttpObject:
         self.size = -1
         self.size, self.etag, self.location = retrying(self._pin, path, transfers)
         self.version = self.etag or f"size:{self.size}"
+        self.least = RANGE
         meter.add(0, requests=0, objects=1)
 
     def _attempt(self, ends: float, work: Callable[[], T]) -> T:
@@ -267,7 +268,8 @@ class HttpObject:
     def _connection(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
         held = getattr(self._local, "connection", None)
         if held is not None and held[0] == (scheme, netloc):
-            return held[1]
+            kept: http.client.HTTPConnection = held[1]
+            return kept
         self._drop()
         kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
         connection = kind(netloc, timeout=self.transfers.timeout.connect)

@@ -17,7 +17,7 @@ huggingface_hub's own request: it is waited for within the request deadline
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlineError, InputError
 from .deadline import bounded
@@ -25,12 +25,15 @@ from .fetching import NotFound, missing_extra
 from .http import HttpObject
 from .urls import RemotePath, redact
 
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import DatasetInfo, ModelInfo, SpaceInfo
+
 __all__ = ["commit_of", "open_hub", "repo_files"]
 
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
-def _hub() -> Any:
+def _hub() -> Any:  # Any: the huggingface_hub module, imported when a URL is opened
     try:
         import huggingface_hub
     except ImportError:
@@ -42,7 +45,7 @@ def _endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _revision(path: RemotePath) -> Any:
+def _revision(path: RemotePath) -> ModelInfo | DatasetInfo | SpaceInfo:
     """The repository at the URL's revision (default branch if none), resolved once."""
     url = path.url
     pin = ("hf", _endpoint(), url.repo_type, url.host, url.revision)
@@ -62,7 +65,8 @@ def _revision(path: RemotePath) -> Any:
         if not isinstance(getattr(info, "sha", None), str):
             raise InputError("the hub did not resolve the revision to a commit", path)
         path.pins[pin] = info
-    return path.pins[pin]
+    found: ModelInfo | DatasetInfo | SpaceInfo = path.pins[pin]
+    return found
 
 
 def _refusal(exc: Exception, path: RemotePath) -> InputError:
@@ -88,7 +92,7 @@ def repo_files(path: RemotePath) -> tuple[str, ...]:
 
 def open_hub(path: RemotePath) -> HttpObject:
     url = path.url
-    commit = _revision(path).sha
+    commit = commit_of(path)
     hub = _hub()
     token = hub.get_token()
     target = hub.hf_hub_url(url.host, url.key, repo_type=url.repo_type, revision=commit,

@@ -88,6 +88,8 @@ class RemoteFile(SourceFile):
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._ahead_until = 0  # the prefetch has queued the bytes before this
         self.connections = path.transfers.connections
+        self.split = max(SPLIT_MIN, backend.least)  # a split read's ranges are at least this
+        self.ahead = max(AHEAD_PIECE, backend.least)  # what one prefetch request fetches
         self._pool: ThreadPoolExecutor | None = None  # the connections' threads
         self._stuck = False  # a range outlived the command's deadline
         meter.uses(self.connections)
@@ -137,14 +139,14 @@ class RemoteFile(SourceFile):
         self._ahead.end = start = offset + n
         if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
             return
-        stop = min(self.size, start + max(n, 2 * self.connections * AHEAD_PIECE))
+        stop = min(self.size, start + max(n, 2 * self.connections * self.ahead))
         with self._ahead_lock:
             if self._ahead_pool is None:
                 self._ahead_pool = ThreadPoolExecutor(self.connections,
                                                       thread_name_prefix="ckptport-ahead")
             first = max(start, self._ahead_until if self._ahead_until <= stop + n else start)
-            for a in range(first, stop, AHEAD_PIECE):
-                self._ahead_pool.submit(self._fetch_ahead, a, min(stop, a + AHEAD_PIECE))
+            for a in range(first, stop, self.ahead):
+                self._ahead_pool.submit(self._fetch_ahead, a, min(stop, a + self.ahead))
             self._ahead_until = max(first, stop)
 
     def _fetch_ahead(self, start: int, stop: int) -> None:
@@ -165,8 +167,8 @@ class RemoteFile(SourceFile):
         """Fill ``buffer`` over up to ``connections`` requests at once: each range is its own
         request, retried on its own (the backend keeps one connection per thread), and the
         read returns once every range is in, so bytes reach the reader in order."""
-        step = max(SPLIT_MIN, -(-len(buffer) // self.connections))
-        if self.connections <= 1 or len(buffer) < 2 * SPLIT_MIN:
+        step = max(self.split, -(-len(buffer) // self.connections))
+        if self.connections <= 1 or len(buffer) < 2 * self.split:
             self.backend.fetch_into(offset, buffer)
             return
         with self._ahead_lock:
@@ -218,7 +220,7 @@ class RemoteFile(SourceFile):
                 data = bytearray(self.size)
                 self.read_into(0, memoryview(data))
                 self._mapped = torch.frombuffer(data, dtype=torch.uint8).untyped_storage() \
-                    if data else torch.UntypedStorage(0)
+                    if data else torch.UntypedStorage(0)  # type: ignore[no-untyped-call]
             return self._mapped
 
     def close(self) -> None:

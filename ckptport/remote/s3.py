@@ -17,21 +17,40 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..errors import DeadlineError, InputError
 from . import meter
 from .deadline import Timeout, bounded
-from .fetching import ATTEMPTS, NotFound, Transient, missing_extra, pieces, retrying
+from .fetching import ATTEMPTS, PIECE, NotFound, Transient, missing_extra, pieces, retrying
 from .urls import RemotePath, redact
 
-__all__ = ["open_s3", "S3Object", "client", "refusal"]
+__all__ = ["open_s3", "S3Object", "client", "refusal", "Body", "S3Client", "Answer"]
+
+# Any: a boto3 S3 client (botocore makes its methods at run time; no stubs are installed)
+S3Client = Any
+# Any: botocore's answer to one call, a dict of that operation's own shape
+Answer = dict[str, Any]
+
+
+class Body(Protocol):
+    """A GetObject answer's body (botocore's ``StreamingBody``): read by pieces, closed."""
+
+    def read(self, amt: int | None = None) -> bytes: ...
+
+    def close(self) -> None: ...
 
 _lock = threading.Lock()
+# the least one request fetches of a split read or a read-ahead: AWS's performance guidance
+# for ranged GETs (8-16 MB), and boto3's own download chunk; each GET costs a request fee
+# and a first-byte latency, and a store that reads the whole object per range (moto) pays
+# that per request
+LEAST = 8 << 20
 
 
 @functools.cache
-def _client(endpoint: str | None, timeout: Timeout) -> Any:
+def _client(endpoint: str | None, timeout: Timeout) -> S3Client:
     """One client per endpoint (boto3 clients are thread-safe; building one is slow)."""
     try:
         import boto3
@@ -45,7 +64,7 @@ def _client(endpoint: str | None, timeout: Timeout) -> Any:
         return boto3.session.Session().client("s3", config=config)
 
 
-def client(timeout: Timeout) -> Any:
+def client(timeout: Timeout) -> S3Client:
     """The client for the endpoint the environment names (AWS's own when none)."""
     import os
 
@@ -60,7 +79,7 @@ def open_s3(path: RemotePath) -> S3Object:
 class S3Object:
     """One S3 object at the version its ``HeadObject`` found."""
 
-    def __init__(self, path: RemotePath, client: Any) -> None:
+    def __init__(self, path: RemotePath, client: S3Client) -> None:
         self.path, self.client, self.transfers = path, client, path.transfers
         self.bucket, self.key = path.url.host, path.url.key
         if not self.key or self.key.endswith("/"):
@@ -71,9 +90,10 @@ class S3Object:
         self.etag: str = head.get("ETag", "")
         self.version_id: str | None = head.get("VersionId")
         self.version = self.version_id or self.etag
+        self.least = LEAST
         meter.add(0, objects=1)
 
-    def _call(self, operation: str, ends: float, **extra: Any) -> Any:
+    def _call(self, operation: str, ends: float, **extra: object) -> Answer:
         pinned = {"VersionId": self.version_id} if getattr(self, "version_id", None) else {}
         meter.add(0)
         try:
@@ -98,10 +118,18 @@ class S3Object:
         if got.split("/")[0] != f"bytes {offset}-{end}":
             raise InputError(f"asked for bytes {offset}-{end}, S3 sent Content-Range {got!r}",
                              self.path)
-        late = threading.Event()  # the deadline passed: the body's thread stops writing
         try:
-            done = bounded(lambda: self._body(answer["Body"], buffer, late), self.transfers,
-                           ends, self.path)
+            self._fill_from(answer["Body"], buffer, ends)
+        finally:
+            answer["Body"].close()
+
+    def _fill_from(self, body: Body, buffer: memoryview, ends: float) -> None:
+        """``buffer`` filled from the body, waited for until ``ends`` (then the body's
+        thread stops writing); a body cut short is ``Transient``."""
+        late = threading.Event()
+        try:
+            done = bounded(lambda: self._body(body, buffer, late), self.transfers, ends,
+                           self.path)
         except DeadlineError:
             late.set()
             raise
@@ -109,7 +137,7 @@ class S3Object:
         if done < len(buffer):
             raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated)")
 
-    def _body(self, body: Any, buffer: memoryview, late: threading.Event) -> int:
+    def _body(self, body: Body, buffer: memoryview, late: threading.Event) -> int:
         done = 0
         try:
             while done < len(buffer):
@@ -122,9 +150,40 @@ class S3Object:
             meter.add(done, requests=0)
             raise Transient(f"the connection broke after {done} of {len(buffer)} bytes "
                             f"({type(exc).__name__})") from None
-        finally:
-            body.close()
         return done
+
+    def each_block(self, offset: int, n: int, block: int,
+                   take: Callable[[int, memoryview], None]) -> None:
+        """Bytes ``offset`` to ``offset + n`` handed to ``take`` (their offset, the bytes)
+        ``block`` bytes at a time as they arrive, in requests of at most ``PIECE`` bytes
+        (a request's deadline bounds one), each retried from the block where it broke: a
+        read-back of a whole object in a few requests, holding one block in memory."""
+        done, end = [offset], offset + n
+        buffer = memoryview(bytearray(min(block, n)))
+        while done[0] < end:
+            stop = min(end, done[0] + PIECE)
+            retrying(lambda ends, stop=stop: self._stream(  # type: ignore[misc]
+                done, stop, buffer, take, ends), self.path, self.transfers)
+
+    def _stream(self, done: list[int], stop: int, buffer: memoryview,
+                take: Callable[[int, memoryview], None], ends: float) -> None:
+        """One request for ``done[0]`` to ``stop``, its body handed on block by block
+        (``done[0]`` advanced past each, so a retry starts where this one broke)."""
+        start = done[0]
+        answer = self._call("get_object", ends, Range=f"bytes={start}-{stop - 1}",
+                            **({"IfMatch": self.etag} if self.etag else {}))
+        got = answer.get("ContentRange", "")
+        if got.split("/")[0] != f"bytes {start}-{stop - 1}":
+            raise InputError(f"asked for bytes {start}-{stop - 1}, S3 sent Content-Range "
+                             f"{got!r}", self.path)
+        try:
+            while done[0] < stop:
+                view = buffer[:min(len(buffer), stop - done[0])]
+                self._fill_from(answer["Body"], view, ends)
+                take(done[0], view)
+                done[0] += len(view)
+        finally:
+            answer["Body"].close()
 
     def current_version(self) -> str | None:
         try:
@@ -134,7 +193,7 @@ class S3Object:
             raise
         except Exception:
             return None
-        return head.get("VersionId") or head.get("ETag", "")
+        return str(head.get("VersionId") or head.get("ETag", ""))
 
     def close(self) -> None:
         """The client's connection pool is shared by every object; nothing to close."""
@@ -195,7 +254,7 @@ def _listed(path: RemotePath, delimiter: str) -> set[str]:
     token: dict[str, str] = {}
     split = {"Delimiter": delimiter} if delimiter else {}
 
-    def page(ends: float) -> Any:
+    def page(ends: float) -> Answer:
         try:
             return bounded(lambda: s3.list_objects_v2(Bucket=path.url.host, Prefix=prefix,
                                                       **split, **token),

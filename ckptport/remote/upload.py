@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CkptportError, DeadlineError, OutputError, VerificationError
 from . import meter
@@ -43,12 +43,15 @@ from .deadline import bounded
 from .fetching import Transient
 from .urls import RemotePath, RemoteURL
 
+if TYPE_CHECKING:
+    from .s3 import Answer
+
 __all__ = ["S3Store", "Staged", "Part", "multipart_etag", "part_size", "TEMP_SUFFIX"]
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 MAX_PARTS = 10_000
 PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
-READ_BACK = 8 << 20  # bytes compared per ranged read of the staged object
+READ_BACK = 8 << 20  # bytes compared at a time (a block of a streamed ranged read) reading back
 TEMP_SUFFIX = ".ckptport-tmp"
 
 T = TypeVar("T")
@@ -136,7 +139,8 @@ class S3Store:
         return RemotePath(RemoteURL("s3", self.bucket, self.folder + name),
                           opener=self.path.opener, transfers=self.transfers)
 
-    def _call(self, operation: str, where: RemotePath | None = None, /, **params: Any) -> Any:
+    def _call(self, operation: str, where: RemotePath | None = None, /,
+              **params: object) -> Answer:
         from .s3 import refusal
 
         try:
@@ -151,7 +155,8 @@ class S3Store:
             assert isinstance(made, CkptportError)
             raise OutputError(made.message, where or self.path) from None
 
-    def _raw(self, operation: str, where: RemotePath | None = None, /, **params: Any) -> Any:
+    def _raw(self, operation: str, where: RemotePath | None = None, /,
+             **params: object) -> Answer:
         """One call, waited for within a request's deadline; botocore's errors as raised."""
         meter.add(0)
         return bounded(lambda: getattr(self.client, operation)(Bucket=self.bucket, **params),
@@ -292,20 +297,24 @@ class S3Store:
         if remote.etag != staged.etag or remote.size != staged.size:
             raise VerificationError("the staged object changed before it was read back", where)
 
+        def same(at: int, got: memoryview) -> None:
+            if got != os.pread(fd, len(got), at):
+                raise VerificationError(f"the uploaded object reads back different in bytes "
+                                        f"{at}-{at + len(got) - 1}", where)
+
         def compare(span: tuple[int, int]) -> None:
             start, stop = span
-            got = memoryview(bytearray(stop - start))
             try:
-                remote.fetch_into(start, got)
+                remote.each_block(start, stop - start, READ_BACK, same)
+            except VerificationError:
+                raise
             except CkptportError as exc:
                 raise OutputError(f"reading back what was uploaded: {exc.message}",
                                   where) from None
-            if got != os.pread(fd, stop - start, start):
-                raise VerificationError(f"the uploaded object reads back different in bytes "
-                                        f"{start}-{stop - 1}", where)
 
-        if staged.size:
-            _parallel(compare, _ranges(staged.size, READ_BACK), self.connections)
+        if staged.size:  # one span per connection, each a few requests streamed block by block
+            spans = _ranges(staged.size, max(READ_BACK, -(-staged.size // self.connections)))
+            _parallel(compare, spans, self.connections)
 
     # -- publishing
 
@@ -373,7 +382,7 @@ class S3Store:
         self.created.clear()
         return left
 
-    def _quietly(self, call: Callable[..., Any], **params: Any) -> bool:
+    def _quietly(self, call: Callable[..., object], **params: object) -> bool:
         try:
             call(Bucket=self.bucket, **params)
         except Exception as exc:  # cleanup after a failure: the first failure is the one told

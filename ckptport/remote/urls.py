@@ -16,6 +16,7 @@ path the CLI is given, and start-up must not pay for the network clients.
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 import stat
 import threading
@@ -39,7 +40,7 @@ class Opened(Protocol):
 
     def read(self, offset: int, n: int) -> bytes: ...
 
-    def stream(self) -> Any: ...
+    def stream(self) -> io.RawIOBase: ...
 
 SCHEMES = ("http", "https", "hf", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -161,6 +162,7 @@ class RemoteStat:
 class RemotePath:
     """A remote object's location, usable where the commands hold a source ``Path``."""
 
+    # Any: what each pin holds is its owner's (a hub revision's info, a version, a list)
     def __init__(self, url: RemoteURL, pins: dict[Any, Any] | None = None,
                  opener: Callable[[RemotePath], Opened] | None = None,
                  transfers: Transfers | None = None) -> None:
@@ -170,7 +172,7 @@ class RemotePath:
         self.transfers = transfers if transfers is not None else Transfers()
         # what the first request pinned (a hub revision's commit), shared with the
         # objects next to it (the shards an index names), so they are read at one commit
-        self.pins: dict[Any, Any] = {} if pins is None else pins
+        self.pins: dict[Any, Any] = {} if pins is None else pins  # Any: as above
         self._lock = threading.Lock()
         self._file: Opened | None = None
 
@@ -212,7 +214,7 @@ class RemotePath:
     def is_symlink(self) -> bool:
         return False
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[..., RemotePath], tuple[object, ...]]:
         """Pickled for a worker process (folder mode): the URL and ``pins``, so the worker
         reads each object at the version (and a hub repository at the commit) this process
         pinned; the open object, its lock and the command's clock stay here."""
@@ -254,7 +256,7 @@ class RemotePath:
     def is_file(self) -> bool:
         return True
 
-    def open(self, mode: str = "rb") -> Any:
+    def open(self, mode: str = "rb") -> io.RawIOBase:
         """A read-only binary stream over the pinned object (``sha256_files`` hashes it)."""
         if mode != "rb":
             raise InputError("remote sources are read-only", self)
@@ -265,6 +267,7 @@ class RemotePath:
         return file.read(0, file.size)
 
 
-def _unpickled(url: RemoteURL, pins: dict[Any, Any], opener: Callable[[RemotePath], Opened]
+def _unpickled(url: RemoteURL, pins: dict[Any, Any],  # Any: as RemotePath.pins
+               opener: Callable[[RemotePath], Opened]
                | None, timeout: Timeout, connections: int) -> RemotePath:
     return RemotePath(url, pins, opener, Transfers(timeout, connections=connections))

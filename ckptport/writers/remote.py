@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint
 from ..errors import OutputError
@@ -41,7 +41,12 @@ from .plan import Destination, file_extension, plan_destination
 from .shards import ShardNames, ShardsWriter
 from .staging import os_error, staged_file
 
+if TYPE_CHECKING:
+    from ..remote.commit import HubStore
+    from ..remote.upload import S3Store
+
 __all__ = ["RemoteDestination", "Message", "plan_remote", "check_remote", "write_remote"]
+
 
 WRITTEN = ("s3", "hf")  # the schemes written
 
@@ -87,7 +92,7 @@ def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
     return RemoteDestination(url, local)
 
 
-def _store(destination: RemoteDestination, create_pr: bool) -> Any:
+def _store(destination: RemoteDestination, create_pr: bool) -> S3Store | HubStore:
     if destination.url.url.scheme == "hf":
         from ..remote.commit import HubStore
 
@@ -100,8 +105,8 @@ def _store(destination: RemoteDestination, create_pr: bool) -> Any:
     return S3Store(destination.url)  # parts in flight: the command's ``--connections``
 
 
-def check_remote(sources: tuple[Any, ...], destination: RemoteDestination,
-                 overwrite: bool, create_pr: bool = False) -> Any:
+def check_remote(sources: tuple[object, ...], destination: RemoteDestination,
+                 overwrite: bool, create_pr: bool = False) -> S3Store | HubStore:
     """Before the source is read: the bucket (repository, branch) is there, DST is not a
     source, DST (a file, or a set's files) does not exist unless ``overwrite``. Returns the
     store to write with (``write_remote``)."""
@@ -141,10 +146,13 @@ class Message:
 class _Upload:
     """A ``shards.Sink`` that uploads each verified file and publishes the set on the server."""
 
-    def __init__(self, store: Any, spool: Path, options: WriteOptions, message: Message) -> None:
+    def __init__(self, store: S3Store | HubStore, spool: Path, options: WriteOptions,
+                 message: Message) -> None:
         self.store, self.spool, self.options, self.message = store, spool, options, message
-        self.location = store.path
-        self.uploaded: dict[str, Any] = {}  # name -> what the store uploaded
+        self.location: Path | RemotePath = store.path
+        # Any: name -> what the store's stage made (S3: a Staged, the hub: an Uploaded), which
+        # its commit takes back
+        self.uploaded: dict[str, Any] = {}
 
     def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
         """Done by ``check_remote`` before the source was read."""
@@ -168,7 +176,7 @@ class _Upload:
 
 
 def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
-                 options: WriteOptions, store: Any = None,
+                 options: WriteOptions, store: S3Store | HubStore | None = None,
                  message: Message = Message()) -> WriteResult:
     """Write ``checkpoint`` to the remote ``destination`` (with the store ``check_remote``
     returned); it appears only once every file is uploaded and verified, and a failure or
