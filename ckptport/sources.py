@@ -24,9 +24,8 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from .errors import InputError, InputIsADirectoryError
 
@@ -57,7 +56,7 @@ def rereads_expected() -> bool | int:
 
 
 @functools.cache
-def libc_fallocate() -> Any:
+def libc_fallocate() -> Callable[[int, int, int, int], int] | None:
     """Linux's ``fallocate(fd, mode, offset, length)`` (None elsewhere): reserves blocks
     for a file being written (``writers.staging``), punches holes in a spool
     (``remote.objects``)."""
@@ -224,7 +223,7 @@ def sha256_files(paths: tuple[Path, ...]) -> str:
     return digest.hexdigest()
 
 
-def _hash_into(digest: Any, path: Path) -> None:
+def _hash_into(digest: hashlib._Hash, path: Path) -> None:
     try:
         with path.open("rb") as f:
             while chunk := f.read(_HASH_CHUNK):

@@ -20,16 +20,19 @@ import binascii
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeAlias, cast
 
 from .errors import OutputError
-from .tree import KeyPath, format_path, is_tensor
+from .tree import Key, KeyPath, TensorLeaf, Tree, format_path, is_tensor
 
 __all__ = ["encode", "decode", "TreeEncodeError", "TreeDecodeError", "MAX_DEPTH",
            "sorted_items"]
 
 MAX_DEPTH = 200
+
+Json: TypeAlias = "None | bool | int | float | str | list[Json] | dict[str, Json]"
+"""A JSON value as ``json.dumps`` writes it."""
 
 
 class TreeEncodeError(OutputError):
@@ -40,16 +43,17 @@ class TreeDecodeError(ValueError):
     """``ckptport.tree`` metadata that is not a tree ckptport wrote."""
 
 
-def sorted_items(items: Any) -> list[Any]:
+def sorted_items(items: Iterable[Tree]) -> list[Tree]:
     """A set's items in an order that does not depend on hashing (so bytes are stable)."""
     return sorted(items, key=lambda v: (type(v).__name__, repr(v)))
 
 
-def encode(tree: Any, tensor_name: Callable[[KeyPath, Any], str]) -> str:
+def encode(tree: Tree, tensor_name: Callable[[KeyPath, TensorLeaf], str]) -> str:
     return json.dumps(_enc(tree, (), tensor_name), separators=(",", ":"), ensure_ascii=False)
 
 
-def _enc(value: Any, path: KeyPath, tensor_name: Callable[[KeyPath, Any], str]) -> Any:
+def _enc(value: Tree, path: KeyPath, tensor_name: Callable[[KeyPath, TensorLeaf], str]
+         ) -> Json:
     if value is None or isinstance(value, (bool, str, int)):
         return value
     if isinstance(value, float):
@@ -68,7 +72,7 @@ def _enc(value: Any, path: KeyPath, tensor_name: Callable[[KeyPath, Any], str]) 
     if type(value) is tuple:
         return {"__tuple__": [_enc(v, (*path, i), tensor_name) for i, v in enumerate(value)]}
     if isinstance(value, Mapping):
-        node: dict[str, Any] = {
+        node: dict[str, Json] = {
             "__dict__": [[_enc(k, path, tensor_name), _enc(v, (*path, k), tensor_name)]
                          for k, v in value.items()]
         }
@@ -82,16 +86,16 @@ def _enc(value: Any, path: KeyPath, tensor_name: Callable[[KeyPath, Any], str]) 
                           "safetensors metadata; write .pth instead")
 
 
-def decode(text: str, tensors: Mapping[str, Any]) -> Any:
+def decode(text: str, tensors: Mapping[str, Tree]) -> Tree:
     """The tree ``text`` describes; ``TreeDecodeError`` if it is not one ckptport wrote."""
     try:
-        doc = json.loads(text)
+        doc: object = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise TreeDecodeError(f"not JSON: {str(exc)[:80]}") from None
     return _dec(doc, tensors, 0)
 
 
-def _dec(node: Any, tensors: Mapping[str, Any], depth: int) -> Any:
+def _dec(node: object, tensors: Mapping[str, Tree], depth: int) -> Tree:
     if depth > MAX_DEPTH:
         raise TreeDecodeError(f"nests deeper than {MAX_DEPTH} levels")
     if isinstance(node, list):
@@ -113,7 +117,7 @@ def _dec(node: Any, tensors: Mapping[str, Any], depth: int) -> Any:
         if tag == "__complex__" and isinstance(body, list) and len(body) == 2:
             parts = [_dec(v, tensors, depth + 1) for v in body]
             if all(type(p) in (int, float) for p in parts):
-                return complex(*parts)
+                return complex(*cast("list[float]", parts))
         if tag == "__set__" and isinstance(body, list):
             items = [_dec(v, tensors, depth + 1) for v in body]
             if all(isinstance(v, (str, int, float, bool, bytes, tuple)) or v is None
@@ -122,7 +126,7 @@ def _dec(node: Any, tensors: Mapping[str, Any], depth: int) -> Any:
     return _mapping(node, tensors, depth)
 
 
-def _scalar(tag: str, body: Any) -> Any:
+def _scalar(tag: str, body: object) -> float | bytes:
     if not isinstance(body, str):
         raise TreeDecodeError(f"a {tag} node that is not a string")
     try:
@@ -136,7 +140,7 @@ def _scalar(tag: str, body: Any) -> Any:
         raise TreeDecodeError(f"a malformed {tag} node") from None
 
 
-def _mapping(node: dict[str, Any], tensors: Mapping[str, Any], depth: int) -> Any:
+def _mapping(node: dict[str, object], tensors: Mapping[str, Tree], depth: int) -> Tree:
     pairs = node.get("__dict__")
     if not isinstance(pairs, list) or set(node) - {"__dict__", "__ordered__", "__versions__"}:
         raise TreeDecodeError("a node of unknown shape")
@@ -152,7 +156,7 @@ def _mapping(node: dict[str, Any], tensors: Mapping[str, Any], depth: int) -> An
         raise TreeDecodeError("a dict with a key twice")
     if not node.get("__ordered__"):
         return dict(items)
-    result: OrderedDict[Any, Any] = OrderedDict(items)
+    result: OrderedDict[Key, Tree] = OrderedDict(items)
     if "__versions__" in node:
         result._metadata = _dec(node["__versions__"], tensors, depth + 1)  # type: ignore[attr-defined]
     return result

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
@@ -157,7 +157,7 @@ def is_checkpoint_folder(path: Path) -> bool:
     return layout is not None and layout.many is None
 
 
-def is_folder_of_checkpoints(path: Any) -> bool:
+def is_folder_of_checkpoints(path: str | os.PathLike[str]) -> bool:
     """Folder mode's SRC: a local folder that is not one checkpoint, or a bucket folder or
     hub repository whose names no layout reads as one checkpoint (its listing decides, as
     a local folder's entries do; a broken layout is one checkpoint, read to say why)."""
@@ -177,7 +177,7 @@ def is_folder_of_checkpoints(path: Any) -> bool:
     return layout is None or layout.many is not None
 
 
-def tag_for(path: Any, tag: str | None) -> str | None:
+def tag_for(path: object, tag: str | None) -> str | None:
     """``--tag`` where it applies: a tagged layout (a DeepSpeed save folder); any other path
     reads as is (one whose layout is broken gets it, so that reading it says why)."""
     if tag is None or not isinstance(path, (str, os.PathLike)) or not Path(path).is_dir():

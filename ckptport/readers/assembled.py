@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import DType
 from ..errors import InputError
@@ -33,6 +33,12 @@ from ..sealed import sealed
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
 from .layouts import LayoutError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    _Bytes = npt.NDArray[np.uint8]  # a flat byte array being filled (a view of the buffer)
 
 __all__ = ["Box", "GridFile", "assemble", "flat_box", "shard_box", "check_tiling",
            "TilingError", "MAX_CUT_DIMS"]
@@ -167,7 +173,7 @@ def _read(blob: Blob, at: int, target: memoryview) -> None:
 _Part = tuple[tuple[int, ...], tuple[int, ...], Blob, int]  # offsets, sizes, blob, at (bytes)
 
 
-def _fill(out: Any, start: int, shape: tuple[int, ...], parts: Sequence[_Part]) -> None:
+def _fill(out: _Bytes, start: int, shape: tuple[int, ...], parts: Sequence[_Part]) -> None:
     """Bytes ``start .. start + len(out)`` of the row-major byte array ``shape``, from
     ``parts`` (which tile it): whole rows by one strided copy per part, a partial row
     at either end by the same one dimension down."""
@@ -176,7 +182,7 @@ def _fill(out: Any, start: int, shape: tuple[int, ...], parts: Sequence[_Part]) 
         for offsets, sizes, blob, at in parts:
             low, high = max(start, offsets[0]), min(end, offsets[0] + sizes[0])
             if low < high:
-                _read(blob, at + low - offsets[0], memoryview(out[low - start:high - start]))
+                _read(blob, at + low - offsets[0], out[low - start:high - start].data)
         return
     inner = math.prod(shape[1:])
     first, last = -(-start // inner), end // inner  # the whole rows: first .. last
@@ -191,7 +197,7 @@ def _fill(out: Any, start: int, shape: tuple[int, ...], parts: Sequence[_Part]) 
         _row(out[last * inner - start:], last * inner, shape, parts, last)
 
 
-def _row(out: Any, start: int, shape: tuple[int, ...], parts: Sequence[_Part],
+def _row(out: _Bytes, start: int, shape: tuple[int, ...], parts: Sequence[_Part],
          row: int) -> None:
     inner = math.prod(shape[1:])
     within = [(offsets[1:], sizes[1:], blob, at + (row - offsets[0]) * math.prod(sizes[1:]))
@@ -199,7 +205,7 @@ def _row(out: Any, start: int, shape: tuple[int, ...], parts: Sequence[_Part],
     _fill(out, start - row * inner, shape[1:], within)
 
 
-def _rows(out: Any, first: int, last: int, shape: tuple[int, ...],
+def _rows(out: _Bytes, first: int, last: int, shape: tuple[int, ...],
           parts: Sequence[_Part]) -> None:
     import numpy as np
 
@@ -212,7 +218,7 @@ def _rows(out: Any, first: int, last: int, shape: tuple[int, ...],
         row = math.prod(sizes[1:])
         source = at + (low - offsets[0]) * row
         if sizes[1:] == shape[1:]:  # whole rows: contiguous in the tensor too
-            _read(blob, source, memoryview(out[(low - first) * inner:(high - first) * inner]))
+            _read(blob, source, out[(low - first) * inner:(high - first) * inner].data)
             continue
         taken = np.empty((high - low) * row, dtype=np.uint8)  # every byte read just below
         _read(blob, source, taken.data)

@@ -18,11 +18,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
 from ..sources import SourceFile
+from ..tree import Tree
 from ..unpickle import PickleRefused, Unpickled
 from .budget import largest
 
@@ -162,7 +163,7 @@ def _is_code(name: str) -> bool:
     return classify(name, False, allowed_names()) is Kind.CODE
 
 
-def pickle_facts(path: Path, fmt: Format, size: int, tree: Any,
+def pickle_facts(path: Path, fmt: Format, size: int, tree: Tree,
                  pickles: Iterable[Unpickled], *, trusted: bool = False,
                  files: tuple[Path, ...] = (), metadata: dict[str, str] | None = None
                  ) -> SourceFacts:

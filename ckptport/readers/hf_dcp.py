@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.safetensors import parse_header
 from ..sources import open_source
+from ..tensors import TensorInfo
 from .assembled import Box, assemble
 from .base import Layout, Names, ReadOptions, Source, Where
 from .layouts import LayoutError, layout_problem
@@ -40,6 +40,7 @@ __all__ = ["HfShardsReader", "FORMAT"]
 
 FORMAT = Format("hf-dcp-shards")
 FRAMEWORK = "torch.distributed.checkpoint (HuggingFaceStorageWriter, per-rank shards)"
+_Part = tuple[int, tuple[int, ...], TensorInfo, str]  # rank, offsets, the part, its file
 
 
 def _claims(names: frozenset[str]) -> dict[tuple[int, int], list[str]]:
@@ -104,7 +105,7 @@ class HfShardsReader:
             raise LayoutError(f"model file {absent[0] if absent else max(indexes)} of {total} "
                               f"has {'no shard file' if absent else 'a number past the count'}"
                               " (a missing or partly copied save)", folder)
-        parts: dict[str, list[tuple[int, tuple[int, ...], Any, str]]] = OrderedDict()
+        parts: dict[str, list[_Part]] = OrderedDict()
         homes: dict[str, int] = {}
         opened = []
         for (rank, index), (name,) in sorted(claims.items(), key=lambda c: (c[0][1], c[0][0])):
@@ -121,7 +122,7 @@ class HfShardsReader:
                     raise LayoutError(f"{key!r} has parts in model files {homes[key]} and "
                                       f"{index} ({name}): files of different saves", folder)
                 parts.setdefault(key, []).append((rank, offsets[key], tensor, name))
-        tree: OrderedDict[str, Any] = OrderedDict()
+        tree: OrderedDict[str, TensorInfo] = OrderedDict()
         for key, pieces in parts.items():
             tree[key] = _whole(key, folder, pieces)
         ranks = sorted({rank for rank, _ in claims})
@@ -135,7 +136,7 @@ class HfShardsReader:
                    "gone would go unseen)",)))
 
 
-def _whole(key: str, folder: Path, pieces: list[tuple[int, tuple[int, ...], Any, str]]) -> Any:
+def _whole(key: str, folder: Path, pieces: list[_Part]) -> TensorInfo:
     """One tensor from its parts: its shape is where its furthest part ends."""
     first = pieces[0][2]
     for _, _, tensor, name in pieces:

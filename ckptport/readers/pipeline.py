@@ -18,10 +18,10 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
+from ..tree import Tree
 from .base import Layout, Names, ReadOptions, Source, Where
 from .deepspeed import LATEST, tag_folder
 from .layouts import LayoutError, merged_facts, missing_ranks, or_problem
@@ -91,7 +91,7 @@ class PipelineReader:
             raise LayoutError(f"layer {missing[0]} of layers 0..{last} has no file "
                               f"(layer_{missing[0]:02d}-model_states.pt; {missing[1]} missing): "
                               "a stage did not save, or the folder was partly copied", folder)
-        tree: dict[str, Any] = OrderedDict()
+        tree: dict[str, Tree] = OrderedDict()
         parts = []
         for index in sorted(claims):
             path = claims[index][0]

@@ -18,11 +18,11 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from ..checkpoint import Checkpoint, Format
-from ..tensors import view_key
-from ..tree import rebuild_dict
+from ..tensors import TensorInfo, ViewKey, view_key
+from ..tree import KeyPath, Tree, rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Box, TilingError, assemble, shard_box
 from .base import Layout, Names, ReadOptions, Source, Where
@@ -79,7 +79,7 @@ def one_claim(claims: dict[int, list[Path]], folder: Path, what: str = "rank") -
                               "remove the one that is not this run's", folder)
 
 
-def _walk(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def _walk(tree: Tree, path: KeyPath = ()) -> list[KeyPath]:
     """Key paths of the distributed tensors in a state dict's dicts and lists."""
     if isinstance(tree, ShardRecord):
         return [path]
@@ -90,16 +90,20 @@ def _walk(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return []
 
 
-def one_rank(tree: Any) -> tuple[str, ShardLayout] | None:
+def one_rank(tree: Tree) -> tuple[str, ShardLayout] | None:
     """The first tensor a tree holds only part of (one rank's file read alone), if any."""
     for path in _walk(tree):
-        record = _at(tree, path)
+        record = _record(tree, path)
         if record.layout is not None:
             return _key(path), record.layout
     return None
 
 
-def _at(tree: Any, path: tuple[Any, ...]) -> Any:
+def _record(tree: Tree, path: KeyPath) -> ShardRecord:
+    return cast(ShardRecord, _at(tree, path))  # where _walk found one
+
+
+def _at(tree: Tree, path: KeyPath) -> Tree:
     for key in path:
         if isinstance(tree, dict) and key in tree:
             tree = tree[key]
@@ -110,7 +114,7 @@ def _at(tree: Any, path: tuple[Any, ...]) -> Any:
     return tree
 
 
-def _replaced(tree: Any, values: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:
+def _replaced(tree: Tree, values: dict[KeyPath, TensorInfo], path: KeyPath = ()) -> Tree:
     if path in values:
         return values[path]
     if isinstance(tree, dict):  # a state dict keeps its kind and module versions
@@ -123,7 +127,7 @@ def _replaced(tree: Any, values: dict[tuple[Any, ...], Any], path: tuple[Any, ..
     return tree
 
 
-def _key(path: tuple[Any, ...]) -> str:
+def _key(path: KeyPath) -> str:
     return ".".join(str(p) for p in path)
 
 
@@ -164,7 +168,8 @@ class RankFilesReader:
         if first.source.refused_globals:  # lenient: name them, read nothing further
             return Checkpoint({}, merged_facts(folder, FORMAT, [first], (files[0],), {}))
         paths = _walk(first.tree)
-        layouts = [_at(first.tree, p).layout for p in paths]
+        # the unpickler makes every ShardRecord with its layout (unpickle.distributed_values)
+        layouts = [cast(ShardLayout, _record(first.tree, p).layout) for p in paths]
         world = max((lay.world for lay in layouts), default=1)
         missing = missing_ranks(files, world)
         if missing:
@@ -180,8 +185,10 @@ class RankFilesReader:
         parts = [first] + [self.load_file(p, options) for p in used[1:]]
         if any(part.source.refused_globals for part in parts):  # lenient: name them
             return Checkpoint({}, merged_facts(folder, FORMAT, parts, tuple(used), {}))
-        values: dict[tuple[Any, ...], Any] = {}
-        made: dict[Any, Any] = {}  # one shard under two names (tied weights): one tensor
+        values: dict[KeyPath, TensorInfo] = {}
+        # one shard under two names (tied weights): one tensor
+        made: dict[tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], ViewKey], ...]],
+                   TensorInfo] = {}
         placements: Counter[str] = Counter()
         for path, layout in zip(paths, layouts, strict=True):
             record = (layout.shape, tuple((p.offsets, view_key(p.tensor))
@@ -205,7 +212,7 @@ class RankFilesReader:
         return Checkpoint(tree, merged_facts(folder, FORMAT, parts, tuple(used), metadata))
 
 
-def _shard(tree: Any, path: tuple[Any, ...], layout: ShardLayout, rank: int, file: Path,
+def _shard(tree: Tree, path: KeyPath, layout: ShardLayout, rank: int, file: Path,
            world: int, name: str) -> ShardLayout:
     """Rank ``rank``'s shard of the tensor at ``path``, checked to be of the same tensor,
     laid out the same way (placements, the shard list), by the rank its name says."""
@@ -231,7 +238,7 @@ def _shard(tree: Any, path: tuple[Any, ...], layout: ShardLayout, rank: int, fil
 
 
 def _assembled(name: str, folder: Path, layout: ShardLayout,
-               shards: list[tuple[ShardLayout, Path]]) -> Any:
+               shards: list[tuple[ShardLayout, Path]]) -> TensorInfo:
     """The whole tensor from every rank's pieces, proven to tile it (``assembled``).
 
     A box two ranks hold is read once where the placements replicate it

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from .. import treejson
 from ..checkpoint import Checkpoint, Format, SourceFacts
@@ -24,7 +24,7 @@ from ..containers.safetensors import Header, parse_header
 from ..errors import InputError
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
-from ..tree import KEY_ALIASES, KEY_TREE, format_path, iter_tensors
+from ..tree import KEY_ALIASES, KEY_TREE, Tree, format_path, iter_tensors
 from .base import ReadOptions, Source
 from .layouts import PROBLEMS, LayoutError
 
@@ -98,7 +98,8 @@ def _part_alone(header: Header, path: Path) -> str | None:
             "shard-*-model-*-of-*.safetensors files as one checkpoint")
 
 
-def _aliases(metadata: Any, tensors: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+def _aliases(metadata: Mapping[str, str], tensors: Mapping[str, TensorInfo]
+             ) -> dict[str, tuple[str, ...]]:
     """``ckptport.aliases``, if well formed: tensor name -> its other names."""
     if KEY_ALIASES not in metadata:
         return {}
@@ -114,7 +115,7 @@ def _aliases(metadata: Any, tensors: dict[str, Any]) -> dict[str, tuple[str, ...
     return {name: tuple(others) for name, others in aliases.items()}
 
 
-def _claimed_tree(metadata: Any, tensors: dict[str, TensorInfo]) -> Any:
+def _claimed_tree(metadata: Mapping[str, str], tensors: dict[str, TensorInfo]) -> Tree:
     """The tree ``ckptport.tree`` claims, if every tensor sits under its own or an alias name."""
     aliases = _aliases(metadata, tensors)
     tree = treejson.decode(metadata[KEY_TREE], tensors)
@@ -144,7 +145,7 @@ class SafetensorsReader:
         if partial is not None and not options.lenient:
             raise LayoutError(partial, source.main)
         tensors = tensors_of(source.file, header)
-        tree: Any = OrderedDict(tensors)
+        tree: Tree = OrderedDict(tensors)
         notes: tuple[str, ...] = ()
         aliases: dict[str, tuple[str, ...]] = {}
         if KEY_TREE in header.metadata:

@@ -15,11 +15,12 @@ import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
+from ..tree import Tree
 from .base import Layout, Names, ReadOptions, Source, Where
 from .budget import largest as biggest
 from .layouts import LayoutError, layout_problem
@@ -29,7 +30,7 @@ __all__ = ["ShardsReader"]
 LoadFile = Callable[[Path, ReadOptions], Checkpoint]
 
 
-def _parsed(index: Any) -> ShardIndex:
+def _parsed(index: Where) -> ShardIndex:
     """The index parsed: a local one checked against its folder, a remote one (a
     ``RemotePath``) from its fetched bytes, its shards named next to it."""
     if isinstance(index, Path):
@@ -37,7 +38,8 @@ def _parsed(index: Any) -> ShardIndex:
     file = index.opened()
     if file.size > MAX_INDEX_BYTES:
         raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
-    return parse_index(index, data=file.read(0, file.size))
+    # path-like, a RemotePath stands where the index's Path does (its name, its shards' names)
+    return parse_index(cast(Path, index), data=file.read(0, file.size))
 
 
 # the hub's shard names: "model-00002-of-00003.safetensors", "pytorch_model-00001-of-00002.bin"
@@ -107,7 +109,7 @@ class ShardsReader:
                 raise
             return layout_problem(index.path, index.format, source.files, "shard set",
                                   [exc.message])
-        tree: OrderedDict[str, Any] = OrderedDict()
+        tree: OrderedDict[str, Tree] = OrderedDict()
         owner: dict[str, str] = {}
         locations: Counter[str] = Counter()
         found: dict[str, None] = {}
