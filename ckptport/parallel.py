@@ -48,9 +48,7 @@ def run_all(work: Callable[[T], R], items: Sequence[T], *, jobs: int | None = No
         return [work(item) for item in items]
     order = sorted(range(len(items)), key=lambda i: -size(items[i])) if size else \
         list(range(len(items)))
-    results: list[R | None] = [None] * len(items)
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="ckptport") as pool:
         futures = {i: pool.submit(work, items[i]) for i in order}
-        for i, future in futures.items():
-            results[i] = future.result()
-    return results  # type: ignore[return-value]
+        results = {i: future.result() for i, future in futures.items()}  # in the order started
+    return [results[i] for i in range(len(items))]

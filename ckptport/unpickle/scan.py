@@ -249,7 +249,11 @@ def _unexpected(kind: int, op: int, at: int) -> ScanError:
 
 
 def scan(data: Opcodes, start: int = 0) -> Scan:
-    """Walk one pickle from ``start``; raise ``ScanError`` where it goes wrong."""
+    """Walk one pickle from ``start``; raise ``ScanError`` where it goes wrong.
+
+    One loop with the common opcodes inline (a call per opcode would cost more than the
+    walk: files hold millions); what happens once or never is in the helpers above.
+    """
     end = len(data)
     kind, step = _KIND, _STEP
     memo_limit = end  # a real memo index is below the number of opcodes, below the size

@@ -48,7 +48,7 @@ def refuse_code(name: str, message: str) -> None:
     raise CodeReached(message, name)
 
 
-class Size(tuple):  # type: ignore[type-arg]
+class Size(tuple[int, ...]):
     """``torch.Size`` without torch: a tuple of non-negative ints that prints as torch does."""
 
     __slots__ = ()
@@ -128,7 +128,7 @@ class Unsupported:
     detail: str = ""
 
 
-class DefaultDict(dict):  # type: ignore[type-arg]
+class DefaultDict(dict[Key, Tree]):
     """``collections.defaultdict`` as plain data: the factory is named, never called."""
 
     __slots__ = ("default_factory",)
