@@ -242,3 +242,73 @@ def test_hostile_torchao_pickles_are_refused(run, tmp_path, sentinel):
     assert not sentinel.exists()
     assert not (tmp_path / "o.pth").exists()
 
+
+
+@pytest.fixture(scope="session")
+def torchao_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A tiny Llama quantized by transformers' torchao integration (int4 weights in groups
+    of 32, bfloat16) and saved by ``save_pretrained`` as it ships them: a shard set of
+    torchao's flattened safetensors, the metadata in every shard; and the quantized model."""
+    from torchao.quantization import IntxWeightOnlyConfig, PerGroup
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, TorchAoConfig
+
+    from fixtures.quantized import TINY_LLAMA
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("torchao-llama")
+    LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(torch.bfloat16).save_pretrained(root / "plain")
+    config = TorchAoConfig(quant_type=IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                                           granularity=PerGroup(32)))
+    model = AutoModelForCausalLM.from_pretrained(root / "plain", quantization_config=config,
+                                                 dtype=torch.bfloat16)
+    model.save_pretrained(root / "quantized", max_shard_size="60KB")
+    assert len(list((root / "quantized").glob("model-*.safetensors"))) == 2
+    return root / "quantized", model
+
+
+def test_torchao_model_folder_dequantized_loads_with_the_librarys_logits(torchao_llama, run,
+                                                                        tmp_path):
+    """normalize FOLDER/ OUT/ --dequantize: from_pretrained(OUT) gives the logits of the
+    model with the quantized one's weights, each its own dequantize(); in float32 each weight
+    is that bfloat16 result cast (the shards' metadata says the class and its dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    folder, quantized = torchao_llama
+    library = {name: _dequantized(p, torch.float32) for name, p in
+               quantized.state_dict().items() if type(p) is not torch.Tensor}
+    wide = tmp_path / "wide.safetensors"
+    assert run("normalize", folder, wide, "--dequantize", "float32").exit_code == 0
+    written = load_file(wide)
+    assert library and all(same_bits(written[k], v) for k, v in library.items())
+    out = tmp_path / "out"
+    result = run("normalize", folder, f"{out}/", "--dequantize", "bfloat16")
+    assert result.exit_code == 0, result.output
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    reference = AutoModelForCausalLM.from_pretrained(folder.parent / "plain")
+    reference.load_state_dict({k: v.dequantize() if type(v) is not torch.Tensor else v
+                               for k, v in quantized.state_dict().items()})
+    tokens = torch.arange(24).reshape(2, 12) % 128
+    with torch.no_grad():
+        assert torch.equal(plain(tokens).logits, reference(tokens).logits)
+
+
+def test_torchao_bin_shard_set_read_as_one_layout(torchao_model, run, tmp_path):
+    """A ``.bin`` shard set of pickled subclasses: its index names the weights, each shard
+    holds them whole; ckptport reads it as one checkpoint and dequantizes each weight."""
+    state, folder = torchao_model.state, tmp_path / "set"
+    folder.mkdir()
+    names = list(state)
+    halves = {"pytorch_model-00001-of-00002.bin": names[:len(names) // 2],
+              "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+    for shard, keys in halves.items():
+        torch.save({k: state[k] for k in keys}, folder / shard)
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in halves.items()
+                                        for k in keys}}))
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", folder, out, "--dequantize", "float16")
+    assert result.exit_code == 0, result.output
+    written = load_file(out)
+    assert sorted(written) == sorted(state)
+    assert all(same_bits(written[k], v) for k, v in torchao_model.oracle["float16"].items())

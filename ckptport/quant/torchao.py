@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +46,12 @@ from . import QuantError, QuantizedWeight, register
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Torchao", "flatten", "torchao_config", "part_name"]
+__all__ = ["Torchao", "flatten", "torchao_config", "gathered", "indexed_as", "part_name"]
 
 # inner tensors: the ones dequantize() reads, then those consumed (activation quantization)
 _DATA = ("qdata", "scale", "zero_point")
 _CONSUMED = ("act_quant_scale", "act_quant_zero_point", "act_pre_scale")
+_PARTS_LONGEST_FIRST = sorted((*_DATA, *_CONSUMED), key=len, reverse=True)
 _SCALES = frozenset({"float32", "bfloat16", "float16"})
 _FP8 = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
 _AFFINE = frozenset({"Int8Tensor", "IntxUnpackedToInt8Tensor"})
@@ -157,6 +158,34 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
     return {**(config or {"quant_method": "torchao"}), "torchao": found}
 
 
+def gathered(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """The torchao metadata of a shard set's files as one file's: each weight's entry from
+    the first file that has it, ``tensor_names`` the union (transformers writes the whole
+    model's into every shard; a set ckptport did not write may split it)."""
+    names: dict[str, None] = {}
+    found: dict[str, str] = {}
+    for metadata in parts:
+        try:
+            listed = json.loads(metadata.get("tensor_names", "[]"))
+        except ValueError:
+            continue
+        for name in listed if isinstance(listed, list) else ():
+            if isinstance(name, str) and name in metadata:
+                names[name] = None
+                found.setdefault(name, metadata[name])
+    if found:
+        found["tensor_names"] = json.dumps(list(names))
+    return found
+
+
+def indexed_as(key: str, metadata: Mapping[str, str]) -> str:
+    """The name a shard index lists ``key`` under: the weight, for an inner tensor of a
+    subclass the shard's metadata describes (a ``.bin`` shard set's index names the
+    subclasses ``torch.save`` pickled); else ``key`` itself."""
+    inner = _inner(key)
+    return inner[0] if inner is not None and inner[0] in metadata else key
+
+
 # -- the scheme ---------------------------------------------------------------------------
 
 
@@ -172,9 +201,10 @@ class Torchao:
         described = (config or {}).get("torchao")
         leaves = {k: v for k, v in tensors.items() if is_tensor(v)}
         for qname in leaves:
-            weight = _weight_of(qname)
-            if weight is None:
+            inner = _inner(qname)
+            if inner is None or inner[1] != "qdata":
                 continue
+            weight = inner[0]
             doc = described.get(weight) if isinstance(described, dict) else None
             yield _weight(self, weight, leaves, doc if isinstance(doc, dict) else None)
 
@@ -193,13 +223,16 @@ class Torchao:
         return _affine(qdata, scale, zero, block, dtype)
 
 
-def _weight_of(name: str) -> str | None:
-    """``M.W`` for an inner tensor named ``M._W_qdata``; None for any other name."""
+def _inner(name: str) -> tuple[str, str] | None:
+    """(``M.W``, part) for an inner tensor named ``M._W_part``; None for any other name
+    (the longest part first: ``_W_act_quant_scale`` is not ``_W_act_quant``'s scale)."""
     module, _, leaf = name.rpartition(".")
-    if not (leaf.startswith("_") and leaf.endswith("_qdata") and len(leaf) > len("__qdata")):
-        return None
-    base = leaf[1:-len("_qdata")]
-    return f"{module}.{base}" if module else base
+    for part in _PARTS_LONGEST_FIRST:
+        suffix = f"_{part}"
+        if leaf.startswith("_") and leaf.endswith(suffix) and len(leaf) > len(suffix) + 1:
+            base = leaf[1:-len(suffix)]
+            return (f"{module}.{base}" if module else base), part
+    return None
 
 
 def _weight(scheme: Torchao, weight: str, tensors: Mapping[str, TensorLeaf],

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
+from ..quant.torchao import gathered, indexed_as
 from ..tree import Tree
 from .base import Layout, Names, ReadOptions, Source, Where
 from .budget import largest as biggest
@@ -121,8 +122,10 @@ class ShardsReader:
         materialized = 0
         largest: list[tuple[str, int]] = []
         origins: dict[str, Path] = {}
+        described: list[Mapping[str, str]] = []  # torchao's metadata, of each shard
         for shard in index.shards:
             part = self.load_file(shard, options)
+            described.append(part.source.metadata)
             state = part.tree
             if not isinstance(state, dict):
                 raise InputError(f"shard {shard.name} is not a state dict", index.path)
@@ -130,10 +133,11 @@ class ShardsReader:
                 if key in owner:
                     raise InputError(f"key {key!r} is in two shards: {owner[key]} and "
                                      f"{shard.name}", index.path)
-                if index.weight_map.get(key) != shard.name:
+                listed = key if key in index.weight_map else indexed_as(key, part.source.metadata)
+                if index.weight_map.get(listed) != shard.name:
                     raise InputError(f"key {key!r} is in {shard.name} but the index puts it in "
-                                     f"{index.weight_map.get(key, 'no shard')}", index.path)
-                owner[key] = shard.name
+                                     f"{index.weight_map.get(listed, 'no shard')}", index.path)
+                owner[key] = owner[listed] = shard.name
                 tree[key] = value
             versions = getattr(state, "_metadata", None)
             if versions is not None:  # every shard carries the state dict's module versions
@@ -166,4 +170,4 @@ class ShardsReader:
             shared_storages=tuple(shared), trusted=options.trust, files=source.files,
             spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
             notes=tuple(notes), materialized=materialized,
-            largest=biggest(largest), origins=origins))
+            largest=biggest(largest), origins=origins, metadata=gathered(described)))
