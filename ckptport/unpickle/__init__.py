@@ -6,8 +6,8 @@
 - ``engine``: the C unpickler with ckptport's ``find_class`` and
   ``persistent_load``; the only entry point is ``unpickle``;
 - ``values``, ``torch_values``, ``numpy_values``, ``data_records``,
-  ``distributed_values``: what the pickle is given instead of real objects,
-  and the checks they make;
+  ``distributed_values``, ``torchao_values``: what the pickle is given
+  instead of real objects, and the checks they make;
 - ``settle``: the tree's shape checked, stand-ins turned into the tree's
   vocabulary.
 """
