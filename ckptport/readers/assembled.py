@@ -108,9 +108,15 @@ def check_tiling(name: str, where: Path, frame: tuple[int, ...],
                 residue[point] = left
             else:
                 residue.pop(point, None)
-    if not residue:
-        return
-    point = min(residue)
+    if residue:
+        raise _fault(name, where, frame, cut, boxes, min(residue))
+
+
+def _fault(name: str, where: Path, frame: tuple[int, ...], cut: list[int],
+           boxes: list[tuple[tuple[int, ...], tuple[int, ...], str]], point: tuple[int, ...]
+           ) -> TilingError:
+    """The error naming element ``point`` (its coordinates along ``cut``), which the boxes
+    hold twice or not at all."""
     element = [0] * len(frame)
     for d, at in zip(cut, point, strict=True):
         element[d] = at
@@ -118,11 +124,11 @@ def check_tiling(name: str, where: Path, frame: tuple[int, ...],
         o <= e < o + n for o, n, e in zip(offsets, sizes, element, strict=True))]
     index = element[0] if len(frame) == 1 else tuple(element)
     if not held:
-        raise TilingError(f"{name}: no piece holds element {index} of its {list(frame)} "
-                          f"(a missing or short shard; pieces from "
-                          f"{_few(sorted({b[2] for b in boxes})) or 'no file'})", where)
-    raise TilingError(f"{name}: element {index} of its {list(frame)} is held by "
-                      f"{len(held)} pieces ({_few(held)}): overlapping shards", where)
+        return TilingError(f"{name}: no piece holds element {index} of its {list(frame)} "
+                           f"(a missing or short shard; pieces from "
+                           f"{_few(sorted({b[2] for b in boxes})) or 'no file'})", where)
+    return TilingError(f"{name}: element {index} of its {list(frame)} is held by "
+                       f"{len(held)} pieces ({_few(held)}): overlapping shards", where)
 
 
 def _few(names: list[str], shown: int = 4) -> str:

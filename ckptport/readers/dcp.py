@@ -317,9 +317,6 @@ class DcpReader:
                           source.files, "torch.distributed.checkpoint", options.lenient)
 
     def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        import torch
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         folder = source.main
@@ -333,28 +330,9 @@ class DcpReader:
         data_bytes = sum(f.stat().st_size for f in files if f.suffix == ".distcp")
         tree: dict[Key, Tree] = {}
         for fqn, item in items.items():
-            value: torch.Tensor | None = None
-            if isinstance(item, TensorStorageMetadata):
-                shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
-                _chunks_tile(folder, fqn, item, shape, metadata.storage_data)
-                value = torch.empty(shape, dtype=dtype)  # every element proven written
-            loaded = {fqn: value}
-            reader, planner = _reader_and_planner(folder, metadata)
+            value = _item(folder, fqn, item, metadata, data_bytes)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
-            except CkptportError as exc:
-                raise exc.at(folder) from None
-            except (Exception, CheckpointException) as exc:  # torch reports broken files many ways
-                inner = _inner_error(exc)
-                if inner is not None:
-                    raise inner.at(folder) from None
-                detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-                raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: "
-                                 f"{detail}", folder) from None
-            try:
-                _set(tree, tuple(paths.get(fqn, (fqn,))), loaded[fqn])
+                _set(tree, tuple(paths.get(fqn, (fqn,))), value)
             except (TypeError, KeyError, IndexError, AttributeError):
                 raise InputError(f"corrupt DCP planner data for {fqn!r}", folder) from None
         meta_facts: dict[str, str] = {}
@@ -369,6 +347,37 @@ class DcpReader:
             path=folder, format=self.format, size=sum(f.stat().st_size for f in files),
             storage_locations=dict(Counter({"cpu": tensors})) if tensors else {},
             files=files, metadata={**_planner_facts(metadata, paths, files), **meta_facts}))
+
+
+def _item(folder: Path, fqn: str, item: object, metadata: Metadata, data_bytes: int) -> Tree:
+    """One item read by DCP's own loader: a tensor into one allocated after its chunks were
+    proven to tile it, anything else by ckptport's readers (``_byte_item``)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    value: torch.Tensor | None = None
+    if isinstance(item, TensorStorageMetadata):
+        shape, dtype = _checked_shape(folder, fqn, item, data_bytes)
+        _chunks_tile(folder, fqn, item, shape, metadata.storage_data)
+        value = torch.empty(shape, dtype=dtype)  # every element proven written
+    loaded: dict[str, Tree] = {fqn: value}
+    reader, planner = _reader_and_planner(folder, metadata)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
+    except CkptportError as exc:
+        raise exc.at(folder) from None
+    except (Exception, CheckpointException) as exc:  # torch reports broken files many ways
+        inner = _inner_error(exc)
+        if inner is not None:
+            raise inner.at(folder) from None
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        raise InputError(f"cannot read DCP item {fqn!r}: {type(exc).__name__}: "
+                         f"{detail}", folder) from None
+    return loaded[fqn]
 
 
 def _inner_error(exc: BaseException) -> CkptportError | None:

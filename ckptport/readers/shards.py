@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -112,62 +112,76 @@ class ShardsReader:
                                   [exc.message])
         tree: OrderedDict[str, Tree] = OrderedDict()
         owner: dict[str, str] = {}
-        locations: Counter[str] = Counter()
-        found: dict[str, None] = {}
-        spellings: dict[str, str] = {}
-        shared: list[tuple[str, ...]] = []
-        refused: dict[str, None] = {}
-        unproven: dict[str, None] = {}
-        notes: list[str] = []
-        materialized = 0
-        largest: list[tuple[str, int]] = []
-        origins: dict[str, Path] = {}
-        described: list[Mapping[str, str]] = []  # torchao's metadata, of each shard
+        parts: list[tuple[Path, SourceFacts]] = []
         for shard in index.shards:
             part = self.load_file(shard, options)
-            described.append(part.source.metadata)
-            state = part.tree
-            if not isinstance(state, dict):
-                raise InputError(f"shard {shard.name} is not a state dict", index.path)
-            for key, value in state.items():
-                if key in owner:
-                    raise InputError(f"key {key!r} is in two shards: {owner[key]} and "
-                                     f"{shard.name}", index.path)
-                listed = key if key in index.weight_map else indexed_as(key, part.source.metadata)
-                if index.weight_map.get(listed) != shard.name:
-                    raise InputError(f"key {key!r} is in {shard.name} but the index puts it in "
-                                     f"{index.weight_map.get(listed, 'no shard')}", index.path)
-                owner[key] = owner[listed] = shard.name
-                tree[key] = value
-            versions = getattr(state, "_metadata", None)
-            if versions is not None:  # every shard carries the state dict's module versions
-                tree._metadata = versions  # type: ignore[attr-defined]
-            facts = part.source
-            for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
-                origins.setdefault(name, shard)
-            locations.update(facts.storage_locations)
-            found.update(dict.fromkeys(facts.globals))
-            spellings.update(facts.spellings)
-            refused.update(dict.fromkeys(facts.refused_globals))
-            unproven.update(dict.fromkeys(facts.unproven))
-            shared += facts.shared_storages
-            materialized += facts.materialized
-            largest += facts.largest
-            notes += [f"{shard.name}: {note}" for note in facts.notes]
+            _merge(tree, owner, part, shard, index)
+            parts.append((shard, part.source))
         missing = [key for key in index.weight_map if key not in owner]
         if missing:
             raise InputError(f"the index lists {len(missing)} keys no shard holds "
                              f"(first: {missing[0]!r})", index.path)
         for alias, kept in index.aliases.items():  # ckptport's own sets: tied names back
             tree[alias] = tree[kept]
-        if index.aliases:
-            shared += [(kept, *sorted(a for a, k in index.aliases.items() if k == kept))
-                       for kept in dict.fromkeys(index.aliases.values())]
-        return Checkpoint(tree, SourceFacts(
-            path=index.path, format=index.format,
-            size=sum(s.stat().st_size for s in index.shards),
-            storage_locations=dict(sorted(locations.items())), globals=tuple(found),
-            shared_storages=tuple(shared), trusted=options.trust, files=source.files,
-            spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
-            notes=tuple(notes), materialized=materialized,
-            largest=biggest(largest), origins=origins, metadata=gathered(described)))
+        return Checkpoint(tree, _facts(index, parts, source.files, options.trust))
+
+
+def _merge(tree: OrderedDict[str, Tree], owner: dict[str, str], part: Checkpoint,
+           shard: Path, index: ShardIndex) -> None:
+    """One shard's state dict into the set's, each key from the shard the index names (a
+    torchao subclass's parts by the weight they are of)."""
+    state = part.tree
+    if not isinstance(state, dict):
+        raise InputError(f"shard {shard.name} is not a state dict", index.path)
+    for key, value in state.items():
+        if key in owner:
+            raise InputError(f"key {key!r} is in two shards: {owner[key]} and "
+                             f"{shard.name}", index.path)
+        listed = key if key in index.weight_map else indexed_as(key, part.source.metadata)
+        if index.weight_map.get(listed) != shard.name:
+            raise InputError(f"key {key!r} is in {shard.name} but the index puts it in "
+                             f"{index.weight_map.get(listed, 'no shard')}", index.path)
+        owner[key] = owner[listed] = shard.name
+        tree[key] = value
+    versions = getattr(state, "_metadata", None)
+    if versions is not None:  # every shard carries the state dict's module versions
+        tree._metadata = versions  # type: ignore[attr-defined]
+
+
+def _facts(index: ShardIndex, parts: list[tuple[Path, SourceFacts]], files: tuple[Path, ...],
+           trusted: bool) -> SourceFacts:
+    """The set's facts from its shards' (their notes named by shard, the index's ties,
+    torchao's metadata gathered)."""
+    locations: Counter[str] = Counter()
+    found: dict[str, None] = {}
+    spellings: dict[str, str] = {}
+    shared: list[tuple[str, ...]] = []
+    refused: dict[str, None] = {}
+    unproven: dict[str, None] = {}
+    notes: list[str] = []
+    materialized = 0
+    largest: list[tuple[str, int]] = []
+    origins: dict[str, Path] = {}
+    for shard, facts in parts:
+        for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
+            origins.setdefault(name, shard)
+        locations.update(facts.storage_locations)
+        found.update(dict.fromkeys(facts.globals))
+        spellings.update(facts.spellings)
+        refused.update(dict.fromkeys(facts.refused_globals))
+        unproven.update(dict.fromkeys(facts.unproven))
+        shared += facts.shared_storages
+        materialized += facts.materialized
+        largest += facts.largest
+        notes += [f"{shard.name}: {note}" for note in facts.notes]
+    if index.aliases:
+        shared += [(kept, *sorted(a for a, k in index.aliases.items() if k == kept))
+                   for kept in dict.fromkeys(index.aliases.values())]
+    return SourceFacts(
+        path=index.path, format=index.format,
+        size=sum(s.stat().st_size for s in index.shards),
+        storage_locations=dict(sorted(locations.items())), globals=tuple(found),
+        shared_storages=tuple(shared), trusted=trusted, files=files,
+        spellings=spellings, refused_globals=tuple(refused), unproven=tuple(unproven),
+        notes=tuple(notes), materialized=materialized, largest=biggest(largest),
+        origins=origins, metadata=gathered([facts.metadata for _, facts in parts]))
