@@ -312,3 +312,17 @@ def test_torchao_bin_shard_set_read_as_one_layout(torchao_model, run, tmp_path):
     written = load_file(out)
     assert sorted(written) == sorted(state)
     assert all(same_bits(written[k], v) for k, v in torchao_model.oracle["float16"].items())
+
+
+def test_torchao_weights_found_under_a_checkpoints_own_keys(torchao_model, run, tmp_path):
+    """A training checkpoint ({"model": DDP's "module."-prefixed state, "step": ...}): the
+    rules pick the model and strip the prefix, and each weight keeps its class and dtype
+    (an IntxUnpackedToInt8Tensor in bfloat16, dequantized to float32, is that result cast)."""
+    path = tmp_path / "train.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in torchao_model.state.items()},
+                "step": 3}, path)
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", path, out, "--dequantize", "float32")
+    assert result.exit_code == 0, result.output
+    written = load_file(out)
+    assert all(same_bits(written[k], v) for k, v in torchao_model.oracle["float32"].items())

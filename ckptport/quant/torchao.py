@@ -131,9 +131,10 @@ def _encoded(value: Tree) -> Tree:
 
 def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, str],
                    prefix: str = "") -> Mapping[str, object] | None:
-    """``config`` with the torchao metadata of the state dict at ``prefix`` under
-    ``torchao`` (each weight's class and attributes, parsed), where the file has it and
-    config.json names no other method; else ``config`` as it is."""
+    """``config`` with the file's torchao metadata under ``torchao`` (each weight's class and
+    attributes, parsed, by the name the file gives the weight) and ``prefix``, the path of
+    the state dict being recognized, where the file has it and config.json names no other
+    method; else ``config`` as it is."""
     if "tensor_names" not in metadata or (config and config.get("quant_method") not in (
             None, "torchao")):
         return config
@@ -141,10 +142,9 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
         names = json.loads(metadata["tensor_names"])
     except ValueError:
         return config
-    lead = f"{prefix}." if prefix else ""
     found: dict[str, dict[str, object]] = {}
     for name in names if isinstance(names, list) else ():
-        text = metadata.get(name) if isinstance(name, str) and name.startswith(lead) else None
+        text = metadata.get(name) if isinstance(name, str) else None
         if text is None or len(text) > _MAX_METADATA:
             continue
         try:
@@ -152,10 +152,27 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
         except (ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and doc.get("_type") in TENSOR_CLASSES:
-            found[name[len(lead):]] = doc
+            found[str(name)] = doc
     if not found:
         return config
-    return {**(config or {"quant_method": "torchao"}), "torchao": found}
+    return {**(config or {"quant_method": "torchao"}), "torchao": found, "torchao_prefix": prefix}
+
+
+def _described(weight: str, docs: Mapping[str, object], prefix: str) -> dict[str, object] | None:
+    """The metadata of ``weight`` (a name in the state dict at ``prefix``): under its path,
+    else the one entry a dotted suffix ties to it (the rules took ``model.`` or DDP's
+    ``module.`` off the file's names). Several, or none though the file has some: refused,
+    since the class and its dtype decide the values."""
+    exact = docs.get(f"{prefix}.{weight}" if prefix else weight)
+    if isinstance(exact, dict):
+        return exact
+    near = [name for name in docs if name.endswith(f".{weight}") or weight.endswith(f".{name}")]
+    doc = docs[near[0]] if len(near) == 1 else None
+    if not isinstance(doc, dict):
+        which = f"several ({', '.join(near[:3])})" if near else "none"
+        raise QuantError(f"{weight}: the file's torchao metadata describes {which} of the "
+                         "weights by that name; its class and dtype decide the values")
+    return doc
 
 
 def gathered(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
@@ -198,15 +215,15 @@ class Torchao:
     # Any: the Scheme protocol's (state-dict leaves; a parsed config.json)
     def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
              ) -> Iterator[QuantizedWeight]:
-        described = (config or {}).get("torchao")
+        docs, prefix = (config or {}).get("torchao"), (config or {}).get("torchao_prefix")
         leaves = {k: v for k, v in tensors.items() if is_tensor(v)}
         for qname in leaves:
             inner = _inner(qname)
             if inner is None or inner[1] != "qdata":
                 continue
-            weight = inner[0]
-            doc = described.get(weight) if isinstance(described, dict) else None
-            yield _weight(self, weight, leaves, doc if isinstance(doc, dict) else None)
+            doc = _described(inner[0], docs, str(prefix or "")) if isinstance(docs, dict) \
+                else None
+            yield _weight(self, inner[0], leaves, doc)
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
