@@ -128,53 +128,62 @@ def _classify(path: Where) -> str | None:
 
 def discover(root: Where) -> Discovery:
     """Every checkpoint under ``root`` and every other file, in path order."""
-    from . import layout_of
-
-    found = Discovery()
-    covered: set[Where] = set()
-    quiet: set[Where] = set()
-    unweighted: set[Where] = set()
-
-    def take(path: Where, folder: Where, names: frozenset[str] | None, name: str | None
-             ) -> None:
-        try:
-            layout = layout_of(folder, names, name)
-        except CkptportError as exc:  # broken as named: one checkpoint, reported when read
-            named = exc.path if isinstance(exc.path, RemotePath) or exc.path is None \
-                else Path(exc.path)
-            if named is None or named not in covered:  # not reported already
-                found.checkpoints.append(Found(path, (path,) if name else ()))
-                covered.add(path)
-            return
-        if layout is None:
-            return
-        quiet.update(layout.quiet)
-        unweighted.update(layout.unweighted)
-        if layout.many is not None:
-            return
-        if layout.reader is None or set(layout.files) <= covered:
-            return  # one file, classified by its bytes below; or found already
-        main = layout.main if isinstance(layout.main, RemotePath) else Path(layout.main)
-        found.checkpoints.append(Found(main, layout.files))
-        covered.update(layout.files)
-
+    search = _Search()
     walked = list(_walk(root))
     for here, dirs, names in walked:
         for name in names:  # files that name a layout (a shard index)
-            take(here / name, here, None, name)
-        take(here, here, frozenset([*names, *(d + "/" for d in dirs)]), None)
+            search.take(here / name, here, None, name)
+        search.take(here, here, frozenset([*names, *(d + "/" for d in dirs)]), None)
+    found = search.found
     for here, _, names in walked:
         for name in names:
             path = here / name
-            if path in covered:
+            if path in search.covered:
                 continue
             if path.is_symlink() and not inside(path, root):  # type: ignore[arg-type]
                 found.others.append((path, "a link to a file outside the folder; not followed"))
                 continue
             reason = _classify(path)
             if reason is None:
-                found.checkpoints.append(Found(path, (path,), path not in unweighted))
-            elif path not in quiet:
+                found.checkpoints.append(Found(path, (path,), path not in search.unweighted))
+            elif path not in search.quiet:
                 found.others.append((path, reason))
     found.checkpoints.sort(key=lambda item: str(item.path))
     return found
+
+
+@dataclass
+class _Search:
+    """What the layouts found so far: checkpoints, the files they cover, the files they name
+    as holding none (``quiet``) and as holding no model weights (``unweighted``)."""
+
+    found: Discovery = field(default_factory=Discovery)
+    covered: set[Where] = field(default_factory=set)
+    quiet: set[Where] = field(default_factory=set)
+    unweighted: set[Where] = field(default_factory=set)
+
+    def take(self, path: Where, folder: Where, names: frozenset[str] | None,
+             name: str | None) -> None:
+        """Ask the layouts about ``folder`` (``names`` its entries) or its file ``name``."""
+        from . import layout_of
+
+        try:
+            layout = layout_of(folder, names, name)
+        except CkptportError as exc:  # broken as named: one checkpoint, reported when read
+            named = exc.path if isinstance(exc.path, RemotePath) or exc.path is None \
+                else Path(exc.path)
+            if named is None or named not in self.covered:  # not reported already
+                self.found.checkpoints.append(Found(path, (path,) if name else ()))
+                self.covered.add(path)
+            return
+        if layout is None:
+            return
+        self.quiet.update(layout.quiet)
+        self.unweighted.update(layout.unweighted)
+        if layout.many is not None:
+            return
+        if layout.reader is None or set(layout.files) <= self.covered:
+            return  # one file, classified by its bytes below; or found already
+        main = layout.main if isinstance(layout.main, RemotePath) else Path(layout.main)
+        self.found.checkpoints.append(Found(main, layout.files))
+        self.covered.update(layout.files)
