@@ -326,3 +326,17 @@ def test_torchao_weights_found_under_a_checkpoints_own_keys(torchao_model, run, 
     assert result.exit_code == 0, result.output
     written = load_file(out)
     assert all(same_bits(written[k], v) for k, v in torchao_model.oracle["float32"].items())
+
+
+def test_check_finds_zero_torchao_scales(torchao_model, run, tmp_path):
+    scale = torchao_model.tensors["w8a8.0._weight_scale"].clone()
+    scale[3] = 0.0
+    path = _forged_safetensors(torchao_model, tmp_path / "zero.safetensors",
+                               {"w8a8.0._weight_scale": scale}, {})
+    doc = json.loads(run("check", path, "--format", "json").stdout)
+    hits = [f"{f['key']}: {f['message']}" for f in doc["files"][0]["findings"]
+            if f["code"] == "CKP016"]
+    assert hits == ["w8a8.0._weight_scale: torchao scale of w8a8.0.weight holds 1 zero values: "
+                    "the codes of those blocks dequantize to NaN or 0"], hits
+    clean = json.loads(run("check", torchao_model.pth, "--format", "json").stdout)
+    assert not [f for f in clean["files"][0]["findings"] if f["code"] == "CKP016"]
