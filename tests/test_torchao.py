@@ -184,6 +184,11 @@ def test_forged_subclass_in_a_pth_is_refused(run, tmp_path):
     assert "forged.pth" in result.stderr and "m.weight" in result.stderr
     assert "does not tile" in result.stderr
     assert run("check", path, "--codes", "CKP016").exit_code == 1
+    clash = tmp_path / "clash.pth"  # an inner tensor's flattened name taken: never overwritten
+    torch.save({"m.weight": forged, "m._weight_scale": torch.ones(3)}, clash)
+    shown = run("inspect", clash)
+    assert shown.exit_code == 2
+    assert "clash.pth: m._weight_scale: both a tensor and the scale" in shown.stderr
 
 
 class _Payload:

@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DType, dtype_of
@@ -69,31 +70,37 @@ def part_name(weight: str, part: str) -> str:
 # -- a .pth's subclasses, flattened as torchao's safetensors support flattens them --------
 
 
-def flatten(tree: Tree) -> tuple[Tree, dict[str, str]]:
+def flatten(tree: Tree, path: Path) -> tuple[Tree, dict[str, str]]:
     """``tree`` with each torchao subclass of a dict replaced by its inner tensors (named by
     ``part_name``), and the metadata torchao's safetensors support would write for them,
-    keyed by each weight's path. A tree without one is returned as it is."""
+    keyed by each weight's path. A tree without one is returned as it is; an inner tensor's
+    name the dict already holds is refused (``path``: the file), never overwritten."""
     metadata: dict[str, str] = {}
 
-    def walk(node: Tree, path: KeyPath) -> Tree:
+    def walk(node: Tree, path_: KeyPath) -> Tree:
         if isinstance(node, Mapping):
             if not any(isinstance(v, SubclassRecord) for v in node.values()):
-                changed = [(k, walk(v, (*path, k))) for k, v in node.items()]
+                changed = [(k, walk(v, (*path_, k))) for k, v in node.items()]
                 if all(new is old for (_, new), old in zip(changed, node.values(), strict=True)):
                     return node
                 return rebuild_dict(node, changed)
             items: list[tuple[Key, Tree]] = []
             for key, value in node.items():
                 if isinstance(value, SubclassRecord) and isinstance(key, str):
-                    metadata[format_path((*path, key))] = json.dumps(_describe(value))
+                    metadata[format_path((*path_, key))] = json.dumps(_describe(value))
                     state = value.state if isinstance(value.state, dict) else {}
-                    items.extend((part_name(key, k), v) for k, v in state.items()
-                                 if is_tensor(v))
+                    for part, inner in state.items():
+                        name = part_name(key, part)
+                        if is_tensor(inner) and name in node:
+                            raise QuantError(f"{format_path((*path_, name))}: both a tensor and "
+                                             f"the {part} of torchao weight {key}", path)
+                        if is_tensor(inner):
+                            items.append((name, inner))
                 else:
-                    items.append((key, walk(value, (*path, key))))
+                    items.append((key, walk(value, (*path_, key))))
             return rebuild_dict(node, items)
         if isinstance(node, list):
-            return [walk(v, (*path, i)) for i, v in enumerate(node)]
+            return [walk(v, (*path_, i)) for i, v in enumerate(node)]
         return node
 
     flat = walk(tree, ())
