@@ -104,7 +104,7 @@ def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
         from ..remote import location
         from .remote import resolve_url
 
-        return resolve_url(location(path))  # type: ignore[arg-type]
+        return resolve_url(cast("RemotePath", location(path)))  # is_remote: a URL's
     given = Path(path)
     layout = _local_layout(given, tag)
     if tag is not None and (layout is None or layout.tag is None):

@@ -86,7 +86,7 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1).view(torch.uint8)
     if sys.byteorder == "big":  # pragma: no cover - no big-endian machines here
         flat = flat.view(-1, tensor.element_size()).flip(1).reshape(-1)
-    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
+    return flat.numpy().data.cast("B")
 
 
 def _info_chunks(leaf: TensorInfo, size: int) -> Iterator[memoryview]:
