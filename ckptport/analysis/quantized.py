@@ -13,14 +13,14 @@ floats.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
 from ..errors import CkptportError
+from ..quant import Recognition, Tensors
 from ..rules.quantized import recognized
 from ..tensors import chunks, to_torch
-from ..tree import format_path, iter_tensors, state_dicts
+from ..tree import TensorLeaf, format_path, is_tensor, iter_tensors, state_dicts
 from .finite import count_non_finite
 
 __all__ = ["quantization_findings", "dequantized_non_finite"]
@@ -87,14 +87,16 @@ def dequantized_non_finite(checkpoint: Checkpoint, reported: set[str]
                                  "computes them), though its codes and scales are finite")
 
 
-def _state(checkpoint: Checkpoint, prefix: str) -> Any:
+def _state(checkpoint: Checkpoint, prefix: str) -> Tensors:
+    """The tensors of the state dict at ``prefix`` (where ``recognized`` found weights)."""
     for path, state in state_dicts(checkpoint.tree):
         if (format_path(path) if path else "") == prefix:
-            return state
+            return {name: value for name, value in state.items() if is_tensor(value)}
     raise KeyError(prefix)
 
 
-def _unscaled(checkpoint: Checkpoint, found: list[tuple[str, Any]]) -> Iterator[tuple[str, str]]:
+def _unscaled(checkpoint: Checkpoint, found: list[tuple[str, Recognition]]
+              ) -> Iterator[tuple[str, str]]:
     """FP8 weights with no scale in a checkpoint whose other FP8 weights have theirs."""
     owned = {f"{p}.{n}" if p else n for p, r in found for n in r.owner}
     scaled = sum(1 for _, recognition in found for weight in recognition.weights
@@ -110,7 +112,7 @@ def _unscaled(checkpoint: Checkpoint, found: list[tuple[str, Any]]) -> Iterator[
                          "theirs: its scale is missing (it would load as raw codes)")
 
 
-def _zeros(leaf: Any) -> int:
+def _zeros(leaf: TensorLeaf) -> int:
     import numpy as np
 
     word, mask = _ZERO_BITS.get(dtype_of(leaf).name, (None, 0))

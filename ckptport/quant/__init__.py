@@ -20,21 +20,34 @@ scheme's reference library does on CPU.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from ..errors import InputError
 from ..remote.urls import is_remote
+from ..tree import StateDict, TensorLeaf, is_tensor
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["Scheme", "Stepped", "QuantizedWeight", "Recognition", "QuantError", "register",
-           "SCHEMES", "recognize", "config_of", "packed_linears", "spread", "DEQUANTIZE_CHOICES"]
+           "SCHEMES", "recognize", "config_of", "packed_linears", "spread", "DEQUANTIZE_CHOICES",
+           "Tensors", "Config", "Params"]
 
 DEQUANTIZE_CHOICES = ("bfloat16", "float16", "float32")
+
+Tensors: TypeAlias = Mapping[str, TensorLeaf]
+"""A state dict's tensors by name: what a scheme looks for its parts in."""
+
+Config: TypeAlias = Mapping[str, object]
+"""A model folder's ``quantization_config`` (JSON values: each scheme narrows what it reads)."""
+
+# Any: each scheme's own parameters (ints, strings, lists and flags of its layout), which
+# only that scheme reads back, in find's and dequantize's arithmetic
+Params: TypeAlias = Mapping[str, Any]
 _MAX_CONFIG = 1 << 20  # a model's config.json is kilobytes
 
 
@@ -57,14 +70,14 @@ class QuantizedWeight:
     name: str
     shape: tuple[int, ...]
     parts: Mapping[str, str]
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Params = field(default_factory=dict)
     extra: tuple[str, ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:
         return (*self.parts.values(), *self.extra)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"scheme": self.scheme.name, "weight": self.name, "shape": list(self.shape),
                 "params": dict(self.params), "tensors": dict(self.parts),
                 **({"consumed": list(self.extra)} if self.extra else {})}
@@ -80,8 +93,7 @@ class Scheme(Protocol):
     def reference(self) -> str:
         """The library function whose output ``dequantize`` equals."""
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]: ...
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]: ...
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor: ...
@@ -122,19 +134,20 @@ class Recognition:
             counted[weight.scheme.name] = counted.get(weight.scheme.name, 0) + 1
         return counted
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What reports and manifests record: per scheme, its weights and their parts."""
         return {"schemes": self.counts(), "weights": [w.describe() for w in self.weights]}
 
 
-def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = None,
-              path: Any = None) -> Recognition:
-    """The quantized weights among ``tensors`` (state-dict name -> tensor leaf).
+def recognize(state: StateDict, config: Config | None = None,
+              path: str | os.PathLike[str] | None = None) -> Recognition:
+    """The quantized weights among a state dict's tensors (its other values are no part).
 
     Raises ``QuantError`` naming the file, the weight and the cause when a
     scheme's parts cannot be dequantized correctly, or when two schemes
     claim one tensor (a mixed checkpoint ckptport cannot tell apart).
     """
+    tensors = {name: value for name, value in state.items() if is_tensor(value)}
     weights: list[QuantizedWeight] = []
     owner: dict[str, QuantizedWeight] = {}
     for scheme in SCHEMES.values():
@@ -154,8 +167,8 @@ def recognize(tensors: Mapping[str, Any], config: Mapping[str, Any] | None = Non
     return Recognition(tuple(weights), owner)
 
 
-def packed_linears(tensors: Mapping[str, Any], config: Mapping[str, Any] | None,
-                   method: str) -> Iterator[tuple[str, Any, Any]]:
+def packed_linears(tensors: Tensors, config: Config | None,
+                   method: str) -> Iterator[tuple[str, TensorLeaf, TensorLeaf]]:
     """(module, qweight, scales) for each 2-D ``X.qweight`` beside a 2-D ``X.scales``: the
     candidates of the int32-pack schemes (AWQ, GPTQ), which tell themselves apart by which
     dimension the pack shrinks. None when the config names another ``quant_method``."""
@@ -170,7 +183,7 @@ def packed_linears(tensors: Mapping[str, Any], config: Mapping[str, Any] | None,
             yield module, qweight, scales
 
 
-def config_of(path: Path | None) -> Mapping[str, Any] | None:
+def config_of(path: Path | None) -> Config | None:
     """The quantization config of the model folder beside (or holding) a local checkpoint.
 
     ``config.json``'s ``quantization_config``; where it has none, ModelOpt's
@@ -188,7 +201,7 @@ def config_of(path: Path | None) -> Mapping[str, Any] | None:
     return found
 
 
-def _json_entry(path: Path, key: str) -> dict[str, Any] | None:
+def _json_entry(path: Path, key: str) -> dict[str, object] | None:
     """``key`` of the JSON object in ``path``, when both are there (else the tensors decide)."""
     try:
         if not path.is_file() or path.stat().st_size > _MAX_CONFIG:

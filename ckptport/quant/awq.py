@@ -16,12 +16,13 @@ decompressor); AutoAWQ's own CUDA kernels are not runnable here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, packed_linears, register
+from ..tree import TensorLeaf
+from . import Config, QuantError, QuantizedWeight, Tensors, packed_linears, register
 
 if TYPE_CHECKING:
     import torch
@@ -36,8 +37,7 @@ class Awq:
     reference: str = ("compressed_tensors AutoAWQConverter + PackedQuantizationCompressor."
                       "decompress")
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         for module, qweight, scales in packed_linears(tensors, config, "awq"):
             if f"{module}.g_idx" in tensors or qweight.shape[1] * 8 != scales.shape[1]:
                 continue  # not AWQ's layout (GPTQ packs the inputs)
@@ -72,8 +72,8 @@ def _unpack(packed: torch.Tensor) -> torch.Tensor:
     return nibbles[..., list(ORDER)].reshape(packed.shape[0], -1).to(torch.int8)
 
 
-def _weight(scheme: Awq, module: str, qweight: Any, scales: Any, qzeros: Any,
-            config: Mapping[str, Any] | None) -> QuantizedWeight:
+def _weight(scheme: Awq, module: str, qweight: TensorLeaf, scales: TensorLeaf,
+            qzeros: TensorLeaf | None, config: Config | None) -> QuantizedWeight:
     if qzeros is None:
         raise QuantError(f"{module}.qweight: AWQ codes without their {module}.qzeros")
     if dtype_of(qweight).name != "int32" or dtype_of(qzeros).name != "int32":

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register
+from ..tree import TensorLeaf
+from . import Config, QuantError, QuantizedWeight, Tensors, register
 
 if TYPE_CHECKING:
     import torch
@@ -56,8 +57,7 @@ class Bitsandbytes:
     reference: str = ("bitsandbytes.functional.dequantize_4bit / int8_vectorwise_dequant "
                       "(CPU)")
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         for name in tensors:
             if STATE in name:
                 yield _four_bit(self, name, tensors)
@@ -127,7 +127,7 @@ def _blockwise(values: torch.Tensor, absmax: torch.Tensor, size: int) -> torch.T
     return out
 
 
-def _integer(leaf: Any) -> int | None:
+def _integer(leaf: TensorLeaf) -> int | None:
     from ..tensors import to_numpy
 
     if dtype_of(leaf).kind not in "iu" or math.prod(leaf.shape) != 1:
@@ -135,7 +135,7 @@ def _integer(leaf: Any) -> int | None:
     return int(to_numpy(leaf).reshape(-1)[0])
 
 
-def _state_of(name: str, leaf: Any) -> dict[str, Any]:
+def _state_of(name: str, leaf: TensorLeaf) -> dict[str, object]:
     from ..tensors import chunks
 
     if dtype_of(leaf).name != "uint8" or len(leaf.shape) != 1 or leaf.shape[0] > MAX_STATE:
@@ -151,15 +151,17 @@ def _state_of(name: str, leaf: Any) -> dict[str, Any]:
     return state
 
 
-def _field(name: str, state: Mapping[str, Any], key: str, check: Any) -> Any:
+# Any: a quant_state field is what its check lets through (an int, a name, a list of ints),
+# used as such by the caller that chose the check
+def _field(name: str, state: Mapping[str, object], key: str,
+           check: Callable[[Any], object]) -> Any:
     value = state.get(key)
     if not check(value):
         raise QuantError(f"{name}: quant_state field {key!r} is {value!r}")
     return value
 
 
-def _four_bit(scheme: Bitsandbytes, state_name: str, tensors: Mapping[str, Any]
-              ) -> QuantizedWeight:
+def _four_bit(scheme: Bitsandbytes, state_name: str, tensors: Tensors) -> QuantizedWeight:
     base, _, kind = state_name.partition(STATE)
     state = _state_of(state_name, tensors[state_name])
     quant_type = _field(state_name, state, "quant_type", lambda v: v in TABLES)
@@ -190,7 +192,7 @@ def _four_bit(scheme: Bitsandbytes, state_name: str, tensors: Mapping[str, Any]
             "uint8" if nested else "float32"):
         raise QuantError(f"{base}.absmax: {dtype_of(absmax)}{list(absmax.shape)} for "
                          f"{blocks} blocks of {blocksize}")
-    params: dict[str, Any] = {"bits": 4, "quant_type": quant_type, "blocksize": blocksize,
+    params: dict[str, object] = {"bits": 4, "quant_type": quant_type, "blocksize": blocksize,
                               "nested": nested, "dtype": state["dtype"]}
     if nested:
         params["nested_blocksize"] = _field(state_name, state, "nested_blocksize",
@@ -210,8 +212,7 @@ def _four_bit(scheme: Bitsandbytes, state_name: str, tensors: Mapping[str, Any]
     return QuantizedWeight(scheme, base, shape, roles, params, (state_name,))
 
 
-def _eight_bit(scheme: Bitsandbytes, scb_name: str, tensors: Mapping[str, Any]
-               ) -> QuantizedWeight:
+def _eight_bit(scheme: Bitsandbytes, scb_name: str, tensors: Tensors) -> QuantizedWeight:
     module = scb_name[:-len(".SCB")]
     weight_name = f"{module}.weight"
     weight, scb = tensors.get(weight_name), tensors[scb_name]

@@ -27,12 +27,13 @@ the global scale first), then cast. The weight is ``X.weight``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register, spread
+from ..tree import TensorLeaf
+from . import Config, Params, QuantError, QuantizedWeight, Tensors, register, spread
 
 if TYPE_CHECKING:
     import torch
@@ -56,39 +57,38 @@ class CompressedTensors:
     reference: str = ("compressed_tensors.entrypoints.convert.CompressedTensorsDequantizer "
                       "(compressors' decompress)")
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
-        for name in tensors:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
+        for name, scale in tensors.items():
             module, _, local = name.rpartition(".")
             if local != "weight_scale":
                 continue
-            weight = self._weight(module, tensors, _configured_weights(config))
+            weight = self._weight(module, scale, tensors, _configured_weights(config))
             if weight is not None:
                 yield weight
 
-    def _weight(self, module: str, tensors: Mapping[str, Any],
-                configured: Mapping[str, Any] | None) -> QuantizedWeight | None:
-        def part(local: str) -> Any:
+    def _weight(self, module: str, scale: TensorLeaf, tensors: Tensors,
+                configured: Config | None) -> QuantizedWeight | None:
+        def part(local: str) -> TensorLeaf | None:
             return tensors.get(f"{module}.{local}")
 
-        scale = part("weight_scale")
         extra = tuple(f"{module}.{n}" for n in ACTIVATION_QPARAMS if part(n) is not None)
         roles: tuple[str, ...]
-        if part("weight_scale_2") is not None or part("weight") is not None and \
-                dtype_of(part("weight")).name == "uint8":  # ModelOpt's NVFP4 (modelopt.py)
+        packed, codes, zero = part("weight_packed"), part("weight"), part("weight_zero_point")
+        if part("weight_scale_2") is not None or codes is not None and \
+                dtype_of(codes).name == "uint8":  # ModelOpt's NVFP4 (modelopt.py)
             return None
-        if part("weight_packed") is not None and part("weight_global_scale") is not None:
-            made = _nvfp4(module, part("weight_packed"), scale)
+        if packed is not None and part("weight_global_scale") is not None:
+            made = _nvfp4(module, packed, scale)
             roles = ("weight_packed", "weight_scale", "weight_global_scale")
-        elif part("weight_packed") is not None and dtype_of(part("weight_packed")).name == "uint8":
-            made = _mxfp4(module, part("weight_packed"), scale)
+        elif packed is not None and dtype_of(packed).name == "uint8":
+            made = _mxfp4(module, packed, scale)
             roles = ("weight_packed", "weight_scale")
-        elif part("weight_packed") is not None:
-            made = _packed(module, part("weight_packed"), scale, part("weight_shape"),
-                           part("weight_zero_point"), (configured or {}).get("num_bits"))
+        elif packed is not None:
+            made = _packed(module, packed, scale, part("weight_shape"), zero,
+                           (configured or {}).get("num_bits"))
             roles = ("weight_packed", "weight_scale", "weight_zero_point")
-        elif part("weight") is not None:
-            made = _naive(module, part("weight"), scale, part("weight_zero_point"))
+        elif codes is not None:
+            made = _naive(module, codes, scale, zero)
             roles = ("weight", "weight_scale", "weight_zero_point")
         else:
             raise QuantError(f"{module}.weight_scale: a weight scale without its weight "
@@ -131,7 +131,7 @@ class CompressedTensors:
         if params["format"] == "mxfp4-pack-quantized":
             values = _unpack_fp4(named["weight_packed"])
             scale = (2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)).to(torch.bfloat16)
-            grouped = values.unflatten(-1, (values.shape[-1] // MX_GROUP, MX_GROUP))
+            grouped = values.reshape(*values.shape[:-1], -1, MX_GROUP)
             made = (grouped.to(scale.dtype) * scale.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
             return made.to(dtype)
         if params["format"] == "pack-quantized":
@@ -164,18 +164,18 @@ def nvfp4_dequantized(packed: torch.Tensor, scale: torch.Tensor, global_scale: t
 
     values = _unpack_fp4(packed)
     grid = scale.to(torch.bfloat16).unsqueeze(-1) / global_scale
-    grouped = values.unflatten(-1, (values.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
+    grouped = values.reshape(*values.shape[:-1], -1, NVFP4_GROUP)
     return (grouped.to(grid.dtype) * grid).flatten(-2).to(torch.bfloat16)
 
 
 def _affine(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-            params: Mapping[str, Any]) -> torch.Tensor:
+            params: Params) -> torch.Tensor:
     """``(codes - zero) * scale`` in the scale's dtype, each element with its own scale."""
     rows, cols = codes.shape[-2:]
     strategy = params["strategy"]
     if strategy == "group":
         size = params["group_size"]
-        values = codes.unflatten(-1, (cols // size, size)).to(scale.dtype)
+        values = codes.reshape(*codes.shape[:-1], cols // size, size).to(scale.dtype)
         if zero is not None:
             values = values - zero.unsqueeze(-1).to(scale.dtype)
         return (values * scale.unsqueeze(-1)).flatten(-2)
@@ -212,8 +212,8 @@ def _unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return signed.to(torch.bfloat16)
 
 
-def _naive(module: str, weight: Any, scale: Any, zero: Any
-           ) -> tuple[tuple[int, ...], dict[str, Any]]:
+def _naive(module: str, weight: TensorLeaf, scale: TensorLeaf, zero: TensorLeaf | None
+           ) -> tuple[tuple[int, ...], dict[str, object]]:
     codes = dtype_of(weight).name
     if codes not in FLOAT_CODES and codes != "int8":
         raise QuantError(f"{module}.weight: has a weight_scale but is {dtype_of(weight)}, not "
@@ -227,7 +227,7 @@ def _naive(module: str, weight: Any, scale: Any, zero: Any
                          "2 dimensions)")
     kind = "mxfp8-quantized" if exponents else \
         "float-quantized" if codes in FLOAT_CODES else "int-quantized"
-    params: dict[str, Any] = {"format": kind, "type": "float" if codes in FLOAT_CODES else
+    params: dict[str, object] = {"format": kind, "type": "float" if codes in FLOAT_CODES else
                               "int", "num_bits": 8, **_strategy(module, shape, scale)}
     if exponents and params.get("group_size") != MX_GROUP:
         raise QuantError(f"{module}.weight_scale: MXFP8 exponents of shape "
@@ -237,8 +237,9 @@ def _naive(module: str, weight: Any, scale: Any, zero: Any
     return shape, params
 
 
-def _packed(module: str, packed: Any, scale: Any, shape_leaf: Any, zero: Any,
-            configured_bits: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+def _packed(module: str, packed: TensorLeaf, scale: TensorLeaf, shape_leaf: TensorLeaf | None,
+            zero: TensorLeaf | None, configured_bits: object
+            ) -> tuple[tuple[int, ...], dict[str, object]]:
     if dtype_of(packed).name != "int32":
         raise QuantError(f"{module}.weight_packed: pack-quantized codes of dtype "
                          f"{dtype_of(packed)} (expected torch.int32)")
@@ -253,14 +254,14 @@ def _packed(module: str, packed: Any, scale: Any, shape_leaf: Any, zero: Any,
     if not fits:
         raise QuantError(f"{module}.weight_packed: {list(words)} int32 words cannot hold a "
                          f"densely packed [{rows}, {cols}] weight of 1 to 8 bits")
-    if configured_bits in fits:
-        bits = int(configured_bits)
+    if isinstance(configured_bits, int) and configured_bits in fits:
+        bits = configured_bits
     elif len(fits) == 1:
         bits = fits[0]
     else:
         raise QuantError(f"{module}.weight_packed: {list(words)} words fit {fits[0]} to "
                          f"{fits[-1]} bits; config.json's quantization_config must say which")
-    params: dict[str, Any] = {"format": "pack-quantized", "type": "int", "num_bits": bits,
+    params: dict[str, object] = {"format": "pack-quantized", "type": "int", "num_bits": bits,
                               **_strategy(module, (rows, cols), scale)}
     if params["strategy"] == "block":
         raise QuantError(f"{module}.weight_scale: pack-quantized weights have no block scales")
@@ -275,7 +276,8 @@ def _packed(module: str, packed: Any, scale: Any, shape_leaf: Any, zero: Any,
     return (rows, cols), params
 
 
-def _nvfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+def _nvfp4(module: str, packed: TensorLeaf, scale: TensorLeaf
+           ) -> tuple[tuple[int, ...], dict[str, object]]:
     if dtype_of(packed).name != "uint8" or len(packed.shape) != 2:
         raise QuantError(f"{module}.weight_packed: NVFP4 codes of "
                          f"{dtype_of(packed)}{list(packed.shape)} (expected 2-D torch.uint8)")
@@ -290,7 +292,8 @@ def _nvfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[
                           "symmetric": True}
 
 
-def _mxfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[str, Any]]:
+def _mxfp4(module: str, packed: TensorLeaf, scale: TensorLeaf
+           ) -> tuple[tuple[int, ...], dict[str, object]]:
     if len(packed.shape) != 2:
         raise QuantError(f"{module}.weight_packed: MXFP4 codes of shape {list(packed.shape)} "
                          "(expected 2-D)")
@@ -304,20 +307,20 @@ def _mxfp4(module: str, packed: Any, scale: Any) -> tuple[tuple[int, ...], dict[
                           "strategy": "group", "group_size": MX_GROUP, "symmetric": True}
 
 
-def _shape_values(leaf: Any) -> tuple[int, int]:
+def _shape_values(leaf: TensorLeaf) -> tuple[int, int]:
     from ..tensors import to_numpy
 
     rows, cols = (int(n) for n in to_numpy(leaf).tolist())
     return rows, cols
 
 
-def _scale_dtype(module: str, scale: Any) -> None:
+def _scale_dtype(module: str, scale: TensorLeaf) -> None:
     if dtype_of(scale).name not in SCALES:
         raise QuantError(f"{module}.weight_scale: a scale of dtype {dtype_of(scale)} (expected "
                          "float32, bfloat16 or float16)")
 
 
-def _strategy(module: str, shape: tuple[int, ...], scale: Any) -> dict[str, Any]:
+def _strategy(module: str, shape: tuple[int, ...], scale: TensorLeaf) -> dict[str, object]:
     """How the scale grid tiles a (rows, cols) weight: tensor, channel, group or block."""
     rows, cols = shape
     grid = tuple(scale.shape)
@@ -335,14 +338,15 @@ def _strategy(module: str, shape: tuple[int, ...], scale: Any) -> dict[str, Any]
                      f"[{rows}, {cols}] weight per tensor, row, group or block")
 
 
-def _zero_points(module: str, zero: Any, grid: tuple[int, ...], params: dict[str, Any]) -> None:
+def _zero_points(module: str, zero: TensorLeaf | None, grid: tuple[int, ...],
+                 params: dict[str, object]) -> None:
     params["symmetric"] = zero is None
     if zero is not None and tuple(zero.shape) != grid:
         raise QuantError(f"{module}.weight_zero_point: zero points of shape "
                          f"{list(zero.shape)} for scales {list(grid)}")
 
 
-def _configured_weights(config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def _configured_weights(config: Config | None) -> Config | None:
     """The weights' arguments of a compressed-tensors config with one config group."""
     if not config or config.get("quant_method") != "compressed-tensors":
         return None
@@ -356,10 +360,10 @@ def _configured_weights(config: Mapping[str, Any] | None) -> Mapping[str, Any] |
     return {**weights, "format": group.get("format") or config.get("format")}
 
 
-def _agrees(module: str, found: Mapping[str, Any], configured: Mapping[str, Any]) -> None:
+def _agrees(module: str, found: Config, configured: Config) -> None:
     """The config's claims the tensors can be held to: a contradiction is refused (one group
     per row is a channel scale either way)."""
-    kinds = {"group": "channel"}
+    kinds: dict[object, object] = {"group": "channel"}
     for key in ("num_bits", "type", "strategy", "symmetric", "format", "group_size"):
         claim, have = configured.get(key), found.get(key)
         if claim is None or have is None or (key == "format" and claim == "naive-quantized"):

@@ -19,12 +19,13 @@ does not divide are scaled as DeepSeek's ``weight_dequant`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register, spread
+from ..tree import TensorLeaf
+from . import Config, QuantError, QuantizedWeight, Tensors, register, spread
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +46,7 @@ class Fp8Block:
     name: str = "fp8-block"
     reference: str = "transformers.integrations.finegrained_fp8.Fp8Dequantize"
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         block = _configured_block(config)
         for scale_name, scale in tensors.items():
             if not scale_name.endswith(SUFFIX):
@@ -57,8 +57,8 @@ class Fp8Block:
                 raise QuantError(f"{scale_name}: an FP8 block scale without its weight {name!r}")
             yield self._weight(name, weight, scale_name, scale, block, tensors)
 
-    def _weight(self, name: str, weight: Any, scale_name: str, scale: Any,
-                block: tuple[int, int] | None, tensors: Mapping[str, Any]) -> QuantizedWeight:
+    def _weight(self, name: str, weight: TensorLeaf, scale_name: str, scale: TensorLeaf,
+                block: tuple[int, int] | None, tensors: Tensors) -> QuantizedWeight:
         codes, scales = dtype_of(weight), dtype_of(scale)
         if codes.name not in FP8:
             raise QuantError(f"{name}: has a {SUFFIX} scale but is {codes}, not an FP8 dtype")
@@ -69,7 +69,7 @@ class Fp8Block:
         if len(shape) < 2 and not _single(grid):
             raise QuantError(f"{name}: a block-scaled FP8 weight of shape {list(shape)} "
                              "(expected at least 2 dimensions)")
-        params: dict[str, Any] = {"format": codes.name, "scale_dtype": scales.name}
+        params: dict[str, object] = {"format": codes.name, "scale_dtype": scales.name}
         if _single(grid):
             params["block_size"] = None
         else:
@@ -140,7 +140,7 @@ def _single(grid: tuple[int, ...]) -> bool:
     return all(n == 1 for n in grid)
 
 
-def _configured_block(config: Mapping[str, Any] | None) -> tuple[int, int] | None:
+def _configured_block(config: Config | None) -> tuple[int, int] | None:
     if not config or config.get("quant_method") != "fp8":
         return None
     block = config.get("weight_block_size")

@@ -26,12 +26,13 @@ mobius 733). Without ``g_idx``, input ``k`` is in group ``k // (K / G)``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, packed_linears, register
+from ..tree import TensorLeaf
+from . import Config, QuantError, QuantizedWeight, Tensors, packed_linears, register
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +48,7 @@ class Gptq:
     reference: str = ("AutoGPTQ / GPTQModel dequantize_weight: scales[g_idx] * "
                       "(codes - zeros[g_idx]), v1 zeros stored minus one")
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         for module, qweight, scales in packed_linears(tensors, config, "gptq"):
             if qweight.shape[1] == scales.shape[1]:  # else AWQ's layout (it packs the outputs)
                 yield _weight(self, module, tensors, config)
@@ -90,8 +90,8 @@ def _unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return (chosen & ((1 << bits) - 1)).to(torch.int16)
 
 
-def _weight(scheme: Gptq, module: str, tensors: Mapping[str, Any],
-            config: Mapping[str, Any] | None) -> QuantizedWeight:
+def _weight(scheme: Gptq, module: str, tensors: Tensors, config: Config | None
+            ) -> QuantizedWeight:
     qweight, scales = tensors[f"{module}.qweight"], tensors[f"{module}.scales"]
     qzeros, g_idx = tensors.get(f"{module}.qzeros"), tensors.get(f"{module}.g_idx")
     where = f"{module}.qweight"
@@ -121,19 +121,21 @@ def _weight(scheme: Gptq, module: str, tensors: Mapping[str, Any],
         raise QuantError(f"{where}: {groups} groups do not divide the {inputs} inputs and "
                          f"there is no {module}.g_idx")
     size = inputs // groups if groups > 1 else -1
-    params: dict[str, Any] = {"bits": bits, "group_size": size,
-                              "desc_act": False, "checkpoint_format": "gptq"}
+    checkpoint_format, desc_act = "gptq", False
     if config and config.get("quant_method") == "gptq":
-        params.update(_held_to(module, config, bits, inputs, groups, g_idx is not None))
+        checkpoint_format, desc_act = _held_to(module, config, bits, inputs, groups,
+                                               g_idx is not None)
         if config.get("sym") is True:
-            _check_symmetric(module, qzeros, bits, params["checkpoint_format"])
+            _check_symmetric(module, qzeros, bits, checkpoint_format)
+    params = {"bits": bits, "group_size": size, "desc_act": desc_act,
+              "checkpoint_format": checkpoint_format}
     return QuantizedWeight(scheme, f"{module}.weight", (outputs, inputs), parts, params)
 
 
-def _held_to(module: str, config: Mapping[str, Any], bits: int, inputs: int, groups: int,
-             indexed: bool) -> dict[str, Any]:
+def _held_to(module: str, config: Config, bits: int, inputs: int, groups: int,
+             indexed: bool) -> tuple[str, bool]:
     """The config's claims the tensors bear out (a contradiction is refused)."""
-    def contradicts(key: str, have: Any) -> QuantError:
+    def contradicts(key: str, have: object) -> QuantError:
         return QuantError(f"{module}: config.json quantization_config says {key} "
                           f"{config[key]!r}, the tensors say {have!r}")
 
@@ -145,17 +147,17 @@ def _held_to(module: str, config: Mapping[str, Any], bits: int, inputs: int, gro
     if expected != groups:
         raise contradicts("group_size", f"{groups} groups of {inputs} inputs")
     found = config.get("checkpoint_format", "gptq")
-    if found not in FORMATS:
+    if not isinstance(found, str) or found not in FORMATS:
         raise QuantError(f"{module}: config.json quantization_config checkpoint_format "
                          f"{found!r} (expected 'gptq' or 'gptq_v2')")
     desc_act = bool(config.get("desc_act", False))
     if desc_act and not indexed:
         raise QuantError(f"{module}: config.json says desc_act but there is no {module}.g_idx "
                          "(the inputs' groups are lost)")
-    return {"checkpoint_format": found, "desc_act": desc_act}
+    return found, desc_act
 
 
-def _check_groups(module: str, g_idx: Any, inputs: int, groups: int) -> None:
+def _check_groups(module: str, g_idx: TensorLeaf, inputs: int, groups: int) -> None:
     import numpy as np
 
     from ..tensors import chunks
@@ -170,7 +172,8 @@ def _check_groups(module: str, g_idx: Any, inputs: int, groups: int) -> None:
                          f"outside the {groups} groups of {module}.scales")
 
 
-def _check_symmetric(module: str, qzeros: Any, bits: int, checkpoint_format: str) -> None:
+def _check_symmetric(module: str, qzeros: TensorLeaf, bits: int, checkpoint_format: str
+                     ) -> None:
     """``sym: true``: every stored zero point is the midpoint (minus one in v1)."""
     import numpy as np
 

@@ -22,13 +22,12 @@ quantizes on load with a CUDA Hub kernel).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from ..tree import TensorLeaf
-from . import QuantError, QuantizedWeight, register
+from . import Config, QuantError, QuantizedWeight, Tensors, register
 from .compressed import NVFP4_GROUP, nvfp4_dequantized, nvfp4_step
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 CONSUMED = ("input_scale", "k_scale", "v_scale")
 
 
-def modelopt_config(config: Mapping[str, object] | None) -> Mapping[str, object] | None:
+def modelopt_config(config: Config | None) -> Config | None:
     """The config when ModelOpt wrote it: ``quant_method: modelopt`` (``config.json`` of
     0.29 on, or ``hf_quant_config.json`` as ``config_of`` reads it), or ``quant_library``
     / ``producer.name`` saying so (the exports in between)."""
@@ -56,8 +55,7 @@ class ModelOptNvfp4:
     reference: str = ("compressed_tensors ModelOptNvfp4Converter + NVFP4PackedCompressor."
                       "decompress")
 
-    def find(self, tensors: Mapping[str, TensorLeaf], config: Mapping[str, object] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         claimed = modelopt_config(config)
         for name in tensors:
             module, _, local = name.rpartition(".")
@@ -69,8 +67,8 @@ class ModelOptNvfp4:
                     raise QuantError(f"{module}.weight: NVFP4 codes and their weight_scale "
                                      f"without {module}.weight_scale_2 (the per-tensor scale)")
 
-    def _weight(self, module: str, tensors: Mapping[str, TensorLeaf],
-                config: Mapping[str, object] | None) -> QuantizedWeight:
+    def _weight(self, module: str, tensors: Tensors, config: Config | None
+                ) -> QuantizedWeight:
         codes, scale = tensors.get(f"{module}.weight"), tensors.get(f"{module}.weight_scale")
         second = tensors[f"{module}.weight_scale_2"]
         if codes is None or scale is None:
@@ -117,10 +115,10 @@ class ModelOptNvfp4:
         return nvfp4_dequantized(codes, scale, 1 / second).to(dtype)
 
 
-def _agrees(module: str, config: Mapping[str, object]) -> None:
+def _agrees(module: str, config: Config) -> None:
     """The algorithm and group size ModelOpt's config claims for ``module`` are NVFP4's
     (a ``MIXED_PRECISION`` export says so per layer, under ``quantized_layers``)."""
-    claims: Mapping[str, object] = config
+    claims: Config = config
     layers = config.get("quantized_layers")
     if config.get("quant_algo") == "MIXED_PRECISION" and isinstance(layers, dict):
         layer = layers.get(module)
@@ -137,7 +135,7 @@ def _agrees(module: str, config: Mapping[str, object]) -> None:
                          f"say {NVFP4_GROUP}")
 
 
-def _group_size(config: Mapping[str, object]) -> object:
+def _group_size(config: Config) -> object:
     """The weights' group size of a ``config.json`` ModelOpt wrote (one config group)."""
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:

@@ -15,12 +15,13 @@ gpt-oss's experts hold it). This is transformers'
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from . import QuantError, QuantizedWeight, register
+from ..tree import TensorLeaf
+from . import Config, QuantError, QuantizedWeight, Tensors, register
 
 if TYPE_CHECKING:
     import torch
@@ -35,8 +36,7 @@ class Mxfp4:
     name: str = "mxfp4"
     reference: str = "transformers.integrations.mxfp4.convert_moe_packed_tensors"
 
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         for blocks_name, blocks in tensors.items():
             if not blocks_name.endswith(BLOCKS):
                 continue
@@ -54,7 +54,7 @@ class Mxfp4:
                     and scales_name[:-len(SCALES)] not in tensors:
                 raise QuantError(f"{scales_name}: MXFP4 scales without their blocks")
 
-    def _weight(self, name: str, blocks_name: str, blocks: Any, scales: Any
+    def _weight(self, name: str, blocks_name: str, blocks: TensorLeaf, scales: TensorLeaf
                 ) -> QuantizedWeight:
         scales_name = name + SCALES
         if dtype_of(blocks).name != "uint8":

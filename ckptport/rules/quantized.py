@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ..checkpoint import Checkpoint
 from ..dtypes import DTYPES, DType, dtype_of
@@ -33,13 +33,22 @@ from ..quant import (
 from ..quant.torchao import torchao_config
 from ..remote.urls import is_remote
 from ..tensors import Computed, to_torch
-from ..tree import format_path, iter_tensors, rebuild_dict, replace_state_dicts, state_dicts
+from ..tree import (
+    KeyPath,
+    StateDict,
+    TensorLeaf,
+    Tree,
+    format_path,
+    is_tensor,
+    iter_tensors,
+    rebuild_dict,
+    replace_state_dicts,
+    state_dicts,
+)
 from .base import Change, RuleResult
 
 if TYPE_CHECKING:
     import torch
-
-    from ..tree import TensorLeaf
 
 __all__ = ["Dequantize", "Dequantizer", "recognized", "refuse_cast", "quantization_of",
            "plain_config", "quantization_steps"]
@@ -57,7 +66,7 @@ def recognized(checkpoint: Checkpoint) -> list[tuple[str, Recognition]]:
     return found
 
 
-def quantization_of(checkpoint: Checkpoint) -> dict[str, Any]:
+def quantization_of(checkpoint: Checkpoint) -> dict[str, object]:
     """What reports and manifests record of a checkpoint's quantized weights: per scheme the
     count, per weight its tensors and parameters; a report of a file that cannot be
     dequantized says why instead of failing."""
@@ -65,8 +74,8 @@ def quantization_of(checkpoint: Checkpoint) -> dict[str, Any]:
         found = recognized(checkpoint)
     except CkptportError as exc:
         return {"error": exc.message}
-    weights = [{**w, "weight": f"{prefix}.{w['weight']}" if prefix else w["weight"]}
-               for prefix, recognition in found for w in recognition.describe()["weights"]]
+    weights = [{**w.describe(), "weight": f"{prefix}.{w.name}" if prefix else w.name}
+               for prefix, recognition in found for w in recognition.weights]
     schemes: dict[str, int] = {}
     for _, recognition in found:
         for scheme, count in recognition.counts().items():
@@ -185,7 +194,7 @@ def _return_freed_weights() -> None:
         pass
 
 
-def _prefix(path: tuple[Any, ...]) -> str:
+def _prefix(path: KeyPath) -> str:
     return format_path(path) if path else ""
 
 
@@ -247,21 +256,23 @@ class Dequantize:
         changes: list[Change] = []
         counts: dict[str, int] = {}
 
-        def edit(path: tuple[Any, ...], state: Mapping[str, Any]) -> Any:
+        def edit(path: KeyPath, state: StateDict) -> Tree:
             prefix = _prefix(path)
             recognition = found.get(prefix)
             if recognition is None:
                 return state
-            made: dict[str, Any] = {}
+            made: dict[str, tuple[str, Tree]] = {}
             for weight in recognition.weights:
+                parts = tuple(state[n] for n in weight.parts.values())
+                assert all(is_tensor(p) for p in parts)  # recognize names tensors only
                 made[weight.parts[next(iter(weight.parts))]] = (weight.name, self._leaf(
-                    weight, target, tuple(state[n] for n in weight.parts.values())))
+                    weight, target, cast("tuple[TensorLeaf, ...]", parts)))
                 counts[weight.scheme.name] = counts.get(weight.scheme.name, 0) + 1
                 where = f"{prefix}.{weight.name}" if prefix else weight.name
                 changes.append(Change(where, "dequantized",
                                       f"{weight.scheme.name} {', '.join(weight.tensors)} -> "
                                       f"{target}{list(weight.shape)}"))
-            items = []
+            items: list[tuple[str, Tree]] = []
             for key, value in state.items():
                 if key in made:
                     items.append(made[key])
@@ -288,6 +299,7 @@ class Dequantize:
         return checkpoint.with_tree(tree), RuleResult(
             self.name, tuple(changes), summary, {"schemes": counts, "dtype": self.dtype})
 
-    def _leaf(self, weight: QuantizedWeight, target: DType, parts: tuple[Any, ...]) -> Any:
+    def _leaf(self, weight: QuantizedWeight, target: DType, parts: tuple[TensorLeaf, ...]
+              ) -> TensorLeaf:
         leaf = Computed(target, weight.shape, parts, Dequantizer(weight, target.to_torch()))
         return leaf if self.lazy else to_torch(leaf)
