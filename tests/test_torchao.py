@@ -29,8 +29,9 @@ DTYPES = ("bfloat16", "float16", "float32")
 @pytest.fixture(scope="session")
 def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """Two Linear layers per config, each quantized by ``quantize_``; Float8 with dynamic
-    activations built by ``Float8Tensor.from_hp`` as ``Float8DynamicActivationFloat8Weight
-    Config`` builds it (the config itself asserts a CUDA GPU of compute capability 8.9)."""
+    activations, and Float8 in blocks, built by ``Float8Tensor.from_hp`` as ``Float8Dynamic
+    ActivationFloat8WeightConfig`` builds them (the config itself asserts a CUDA GPU of
+    compute capability 8.9; ``Float8WeightOnlyConfig`` takes no ``PerBlock``)."""
     from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
     from torchao.quantization import (
         Float8Tensor,
@@ -43,6 +44,7 @@ def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         PerTensor,
         quantize_,
     )
+    from torchao.quantization.granularity import PerBlock
     from torchao.quantization.quantize_.workflows import QuantizeTensorToFloat8Kwargs
 
     torch.manual_seed(0)
@@ -50,6 +52,7 @@ def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                "int8_g32": (Int8WeightOnlyConfig(granularity=PerGroup(32)), torch.float32),
                "w8a8": (Int8DynamicActivationInt8WeightConfig(), torch.float32),
                "fp8": (Float8WeightOnlyConfig(), torch.bfloat16),
+               "fp8_tensor": (Float8WeightOnlyConfig(granularity=PerTensor()), torch.float32),
                "int4": (IntxWeightOnlyConfig(weight_dtype=torch.int4,
                                              granularity=PerGroup(32)), torch.bfloat16),
                "a8w4": (Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4),
@@ -65,6 +68,10 @@ def torchao_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         act_quant_kwargs=QuantizeTensorToFloat8Kwargs(granularity=PerTensor())),
         requires_grad=False)
     model.fp8_dynamic = dynamic
+    blocks = torch.nn.Linear(64, 64).to(torch.bfloat16)  # 32x32 blocks, as DeepSeek's are
+    blocks.weight = torch.nn.Parameter(Float8Tensor.from_hp(
+        blocks.weight.detach(), granularity=PerBlock([32, 32])), requires_grad=False)
+    model.fp8_blocks = blocks
     model.norm = torch.nn.LayerNorm(16)
     state = model.state_dict()
     folder = tmp_path_factory.mktemp("torchao")
@@ -96,7 +103,7 @@ def test_torchao_dequantized_as_the_library_does(torchao_model, run, tmp_path, c
         out = tmp_path / f"{dtype}.safetensors"
         result = run("normalize", source, out, "--dequantize", dtype)
         assert result.exit_code == 0, result.output
-        assert "dequantized 13 torchao weights" in result.stdout
+        assert "dequantized 16 torchao weights" in result.stdout
         written = load_file(out)
         assert sorted(written) == sorted(torchao_model.state)
         for name, expected in torchao_model.oracle[dtype].items():
@@ -107,7 +114,7 @@ def test_torchao_dequantized_as_the_library_does(torchao_model, run, tmp_path, c
 def test_torchao_inspect_shows_each_class_and_its_tensors(torchao_model, run):
     doc = json.loads(run("inspect", torchao_model.pth, "--format", "json").stdout)
     weights = {w["weight"]: w for w in doc["quantization"]["weights"]}
-    assert doc["quantization"]["schemes"] == {"torchao": 13}
+    assert doc["quantization"]["schemes"] == {"torchao": 16}
     int4 = weights["int4.0.weight"]
     assert int4["params"]["class"] == "IntxUnpackedToInt8Tensor"
     assert int4["params"]["block_size"] == [1, 32] and int4["params"]["dtype"] == "bfloat16"
@@ -117,6 +124,8 @@ def test_torchao_inspect_shows_each_class_and_its_tensors(torchao_model, run):
     assert dynamic["class"] == "Float8Tensor" and dynamic["block_size"] == [32, 64]
     assert dynamic["activation"] == "QuantizeTensorToFloat8Kwargs"
     assert weights["w8a8.1.weight"]["params"]["activation"] == "QuantizeTensorToInt8Kwargs"
+    assert weights["fp8_blocks.weight"]["params"]["block_size"] == [32, 32]
+    assert weights["fp8_tensor.0.weight"]["params"]["block_size"] == [32, 64]
     from_file = json.loads(run("inspect", torchao_model.safetensors, "--format", "json").stdout)
     assert {w["weight"]: w for w in from_file["quantization"]["weights"]} == weights
 
