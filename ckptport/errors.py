@@ -44,7 +44,7 @@ import copy
 import errno
 import os
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -222,7 +222,19 @@ class DeadlineError(InputError, TimeoutError):
 
 
 class OptionError(CkptportError, ValueError):
-    """An option's value is not one ckptport can use (a code, a ratio, a manifest's options)."""
+    """An option's value is not one ckptport can use (a code, a ratio, a manifest's options),
+    or an option given where it would change nothing (``only_with``)."""
+
+    @classmethod
+    def only_with(cls, needed: str, present: object, options: Iterable[tuple[str, object]]
+                  ) -> None:
+        """Refuse the ``(option, value)`` pairs given (a truthy value) while ``needed`` is
+        not (``present`` falsy): each acts only with it, and a run that ignored them would
+        look as if they had applied (``--atol`` without ``--against``)."""
+        idle = [option for option, value in options if value]
+        if idle and not present:
+            raise cls(f"{' and '.join(idle)} {'acts' if len(idle) == 1 else 'act'} only "
+                      f"with {needed}")
 
 
 class SelectionError(CkptportError, KeyError):

@@ -93,10 +93,52 @@ def test_select_and_ignore(fx, run):
     assert result.exit_code == 0
     bad = run("check", fx["ddp_cuda3"], "--codes", "CKP999")
     assert bad.exit_code == 2 and "unknown check code CKP999" in bad.stderr
-    for code, option in (("CKP010", "--against-manifest FILE"),
-                         ("CKP015", "--verify-signature FILE")):  # nothing to compare with
-        bad = run("check", fx["ddp_cuda3"], "--codes", code)
-        assert bad.exit_code == 2 and f"{code} compares with what {option} names" in bad.stderr
+
+
+NEEDING = [(c, code.needs) for c, code in CODES.items() if code.needs is not None]
+
+
+@pytest.mark.parametrize(("code", "needs"), NEEDING)
+def test_a_code_asked_for_without_its_input_is_an_error(fx, run, code, needs):
+    """Every code that needs an option's input (declared in CODES), asked for without it:
+    one line naming the code and the option, a JSON error under --format json."""
+    message = f"--codes: {code} runs only with {needs}: pass it too"
+    result = run("check", fx["plain"], "--codes", f"CKP001,{code.lower()}", "--format", "json")
+    assert (result.exit_code, result.stderr) == (2, f"ckptport: error: {message}\n")
+    assert json.loads(result.stdout)["error"] == {"message": message, "path": None,
+                                                  "kind": "OptionError"}
+
+
+def test_codes_that_need_inputs_are_named_together(fx, run):
+    result = run("check", fx["plain"], "--codes", "CKP009", "--codes", "CKP006")
+    assert result.stderr == ("ckptport: error: --codes: CKP006 runs only with --finite (or "
+                             "--finite-all), CKP009 runs only with --against REF: pass them "
+                             "too\n")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--finite", "--codes", "CKP001"),
+     "--finite (or --finite-all) is CKP006's input, but --codes leaves CKP006 out"),
+    (("--require-format", "torch-zip", "--ignore", "CKP007"),
+     "--require-format is CKP007's input, but --ignore leaves CKP007 out"),
+    (("--against", "REF", "--codes", "CKP004"),
+     "--against REF is CKP009's input, but --codes leaves CKP009 out"),
+])
+def test_an_input_whose_code_is_left_out_is_an_error(fx, run, args, message):
+    """An input given for a code that does not run would be silently unread."""
+    args = tuple(str(fx["plain"]) if a == "REF" else a for a in args)
+    result = run("check", fx["plain"], *args)
+    assert (result.exit_code, result.stderr) == (
+        2, f"ckptport: error: {message}: it would change nothing\n")
+
+
+def test_a_signature_and_its_keys_go_together(fx, run, tmp_path):
+    keys = "--public-key, --certificate-chain or --sigstore-identity"
+    alone = run("check", fx["plain"], "--public-key", tmp_path / "k.pem")
+    assert alone.stderr == f"ckptport: error: {keys} acts only with --verify-signature FILE\n"
+    unkeyed = run("check", fx["plain"], "--verify-signature", tmp_path / "m.sig")
+    assert (unkeyed.exit_code, unkeyed.stderr) == (
+        2, f"ckptport: error: --verify-signature FILE acts only with {keys}\n")
 
 
 def test_finite(fx, run):

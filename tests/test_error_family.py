@@ -371,9 +371,10 @@ def test_a_closed_stdout_ends_the_command_quietly(fx):
 ])
 def test_check_refuses_options_that_select_nothing_as_normalize_does(fx, run, tmp_path, args,
                                                                      message):
-    """Whether or not check reads tensors (--finite, --against), an option that matches
-    nothing is a typo, not a pass."""
-    for extra in ((), ("--finite",)):
+    """Where check runs the options (--against; --select under --finite too), an option
+    that matches nothing is a typo, not a pass."""
+    extras = [("--against", fx["plain"])] + [("--finite",)] * (args[0] == "--select")
+    for extra in extras:
         result = run("check", fx["plain"], *args, *extra)
         assert result.exit_code == 2, result.output
         assert message in result.stderr and len(result.stderr.splitlines()) == 1
@@ -381,12 +382,27 @@ def test_check_refuses_options_that_select_nothing_as_normalize_does(fx, run, tm
 
 
 def test_check_keeps_accepting_options_that_select_something(fx, run):
-    plain = run("check", fx["plain"])
+    plain = run("check", fx["plain"], "--against", fx["plain"])
     for args in (("--keep", "*"), ("--rename", "^", ""), ("--select", "auto")):
-        result = run("check", fx["plain"], *args)
+        result = run("check", fx["plain"], "--against", fx["plain"], *args)
         assert (result.exit_code, result.stdout) == (plain.exit_code, plain.stdout), args
-    wrapped = run("check", fx["ddp_cuda3"], "--strip-prefix", "conv", "--finite")
+    wrapped = run("check", fx["ddp_cuda3"], "--select", "state_dict", "--finite")
     assert wrapped.exit_code == 1 and "CKP001" in wrapped.stdout  # its findings, as before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--keep", "*"), "--keep acts only with --against REF"),
+    (("--finite", "--dtype", "float16"), "--dtype acts only with --against REF"),
+    (("--select", "model"), "--select acts only with --against REF or --finite"),
+    (("--finite-all", "--prefer-ema"), "--prefer-ema acts only with --against REF or --finite"),
+    (("--atol", "0.1", "--rtol", "0.1"), "--atol and --rtol act only with --against REF"),
+])
+def test_check_refuses_options_that_would_change_nothing(fx, run, args, message):
+    """An option check would not apply (no --against to compare normalized weights) is
+    an error, not a run that looks as if it had applied."""
+    result = run("check", fx["ddp_cuda3"], *args, "--format", "json")
+    assert (result.exit_code, result.stderr) == (2, f"ckptport: error: {message}\n")
+    assert json.loads(result.stdout)["error"]["message"] == message
 
 
 @pytest.mark.parametrize("command", ["inspect", "diff", "manifest"])

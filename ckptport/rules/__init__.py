@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
@@ -120,6 +120,15 @@ class NormalizeOptions:
             raise RuleError("--map holds the key steps in its own order; put --subtree, "
                             "--keep, --drop and --rename steps into the recipe instead",
                             self.loaded_recipe.path if self.loaded_recipe else None)
+
+    def given(self) -> tuple[str, ...]:
+        """The options set away from their defaults, spelled as on the command line: what a
+        mode that runs no rules names when it refuses them (they would change nothing)."""
+        default = NormalizeOptions()
+        spelled = {"strip_prefixes": "--strip-prefix", "recipe": "--map",
+                   "ema": "--prefer-ema" if self.ema == "prefer" else "--ema"}
+        return tuple(spelled.get(f.name, "--" + f.name.replace("_", "-")) for f in fields(self)
+                     if getattr(self, f.name) != getattr(default, f.name))
 
     @property
     def loaded_recipe(self) -> Recipe | None:

@@ -21,7 +21,16 @@ from .file import CheckCode, CheckSettings, FileUnderCheck, Hit, Severity
 if TYPE_CHECKING:
     from ...analysis.manifests import Manifest, ManifestComparison
 
-__all__ = ["CODES", "ALWAYS", "chosen_codes", "dangerous_message", "spelled_as"]
+__all__ = ["CODES", "ALWAYS", "chosen_codes", "dangerous_message", "spelled_as", "FINITE",
+           "FORMATS", "REFERENCE", "MANIFEST", "ATTESTATION"]
+
+# the options that give codes their inputs, spelled as ``CheckCode.needs`` and
+# ``CheckSettings.given`` (and the messages) name them
+FINITE = "--finite (or --finite-all)"
+FORMATS = "--require-format"
+REFERENCE = "--against REF"
+MANIFEST = "--against-manifest FILE"
+ATTESTATION = "--verify-signature FILE"
 
 
 def spelled_as(name: str, raw: str | None) -> str | None:
@@ -109,7 +118,7 @@ def _storage_bloat(file: FileUnderCheck) -> Iterable[Hit]:
 def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
     from ...analysis.finite import non_finite
 
-    assert file.settings.finite is not None
+    assert file.settings.finite is not None  # chosen only with it (``chosen_codes``)
     if not file.values_readable:
         return ()
     return non_finite(file.checkpoint, file.settings.options, file.settings.finite,
@@ -123,18 +132,18 @@ def _format(file: FileUnderCheck) -> Iterable[Hit]:
 
 
 def _against_reference(file: FileUnderCheck) -> Iterable[Hit]:
-    if not file.values_readable or file.settings.reference is None:
+    if not file.values_readable:
         return ()
     return _against(file.checkpoint, file.settings)
 
 
 def _against_manifest(file: FileUnderCheck) -> Iterable[Hit]:
-    assert file.settings.manifest is not None  # chosen only with one (``check``)
+    assert file.settings.manifest is not None  # chosen only with one (``chosen_codes``)
     return _against_listed(file, file.settings.manifest, "the manifest")
 
 
 def _against_signature(file: FileUnderCheck) -> Iterable[Hit]:
-    assert file.settings.attestation is not None  # chosen only with one (``check``)
+    assert file.settings.attestation is not None  # chosen only with one (``chosen_codes``)
     return _against_listed(file, file.settings.attestation.manifest, "the signed attestation")
 
 
@@ -216,13 +225,11 @@ CODES = {rule.code: rule for rule in (
     CheckCode("CKP006", "non-finite", Severity.ERROR,
               "NaN or infinite values in floating-point tensors (with --finite)",
               "a diverged run exported as if it were good",
-              "export from the last good step", _non_finite,
-              lambda settings: settings.finite is not None),
+              "export from the last good step", _non_finite, FINITE),
     CheckCode("CKP007", "format", Severity.ERROR,
               "a container format other than --require-format",
               "consumers expect one format (safetensors loads without unpickling)",
-              "ckptport normalize SRC DST.safetensors", _format,
-              lambda settings: bool(settings.formats)),
+              "ckptport normalize SRC DST.safetensors", _format, FORMATS),
     CheckCode("CKP008", "unreadable", Severity.ERROR,
               "a file that cannot be read: corrupt, truncated, ambiguous, hostile pickle",
               "nothing can load it, or loaders disagree on what it holds",
@@ -231,13 +238,13 @@ CODES = {rule.code: rule for rule in (
               "tensors or values that differ from --against REF beyond --atol/--rtol",
               "the exported artifact is not the model that was validated",
               "export again from the reference, or compare with ckptport diff",
-              _against_reference, lambda settings: "reference" in settings.asked),
+              _against_reference, REFERENCE),
     CheckCode("CKP010", "disagrees-with-manifest", Severity.ERROR,
               "tensors missing, unexpected, or with another dtype, shape or content than "
               "--against-manifest FILE records",
               "the artifact does not hold the weights that were released",
               "export again, or regenerate the manifest with ckptport manifest",
-              _against_manifest, lambda settings: "manifest" in settings.asked),
+              _against_manifest, MANIFEST),
     CheckCode("CKP011", "code-archive", Severity.ERROR,
               "a TorchScript or torch.package archive: loading it runs code it carries",
               "torch.jit.load and PackageImporter execute the archive's code",
@@ -273,7 +280,7 @@ CODES = {rule.code: rule for rule in (
               "--public-key or --certificate-chain; a bad one is exit 2)",
               "the artifact does not hold the weights that were signed, in any container",
               "ship the signed weights (ckptport normalize keeps them), or sign the new ones",
-              _against_signature, lambda settings: "attestation" in settings.asked),
+              _against_signature, ATTESTATION),
     CheckCode("CKP016", "quantization", Severity.ERROR,
               "a quantized checkpoint that cannot be dequantized correctly: a scale without "
               "its weight or an FP8 weight without its scale, scales that do not tile the "
@@ -291,17 +298,41 @@ ALWAYS = "CKP003"  # runs whatever --codes/--ignore say: code-running names neve
 
 
 def chosen_codes(chosen: Iterable[str], skipped: Iterable[str], settings: CheckSettings
-           ) -> tuple[str, ...]:
-    picked = [c.strip().upper() for item in chosen for c in str(item).split(",") if c.strip()]
-    left_out = [c.strip().upper() for item in skipped for c in str(item).split(",") if c.strip()]
+                 ) -> tuple[str, ...]:
+    """The codes a run runs: those ``chosen`` (default: each whose input is given, and those
+    that need none) less those ``skipped``; CKP003 always.
+
+    Every input given must be read by a code that runs, and every code chosen must have
+    its input: ``--codes CKP009`` without ``--against REF``, or ``--against REF`` with
+    CKP009 left out, would pass without comparing anything.
+    """
+    picked = _code_list(chosen)
+    left_out = _code_list(skipped)
     unknown = [c for c in (*picked, *left_out) if c not in CODES]
     if unknown:
         raise OptionError(f"unknown check code {', '.join(unknown)} (known: {', '.join(CODES)})")
     if ALWAYS in left_out:
         raise OptionError(f"{ALWAYS} cannot be ignored: a file whose full unpickling runs code "
                           "never passes check")
-    return tuple(c for c, code in CODES.items() if c == ALWAYS or (
-        (c in picked if picked else code.wanted(settings)) and c not in left_out))
+    lacking = [f"{c} runs only with {code.needs}" for c, code in CODES.items()
+               if c in picked and code.needs is not None and code.needs not in settings.given]
+    if lacking:
+        raise OptionError(f"--codes: {', '.join(lacking)}: pass "
+                          f"{'it' if len(lacking) == 1 else 'them'} too")
+    runs = tuple(c for c, code in CODES.items() if c == ALWAYS or (
+        (c in picked if picked else code.needs in (None, *settings.given))
+        and c not in left_out))
+    unread = [f"{code.needs} is {c}'s input, but "
+              f"{'--ignore' if c in left_out else '--codes'} leaves {c} out"
+              for c, code in CODES.items() if code.needs in settings.given and c not in runs]
+    if unread:
+        raise OptionError(f"{'; '.join(unread)}: it would change nothing")
+    return runs
+
+
+def _code_list(items: Iterable[str]) -> list[str]:
+    """Codes as given: comma-separated or repeated, any case."""
+    return [c.strip().upper() for item in items for c in str(item).split(",") if c.strip()]
 
 
 def _against(checkpoint: Checkpoint, settings: CheckSettings) -> list[Hit]:

@@ -32,7 +32,7 @@ class Severity(TextEnum):
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """What a check run was asked for; a code's ``wanted`` decides from it whether it runs."""
+    """What a check run was asked for: the inputs its codes read (``given`` names them)."""
 
     formats: tuple[str, ...] = ()  # --require-format
     finite: str | None = None  # "weights" or "all" (--finite)
@@ -44,9 +44,10 @@ class CheckSettings:
     max_expansion: float = 2.0  # readers.budget's ratio
     tag: str | None = None  # a DeepSpeed save folder's tag (None: follow ``latest``)
     attestation: Attestation | None = None  # --verify-signature: the signed weights, verified
-    # of reference, manifest and attestation, those asked for: each is read only once the
-    # codes are chosen, and only when a chosen code compares with it
-    asked: frozenset[str] = frozenset()
+    # the inputs given, spelled as a code's ``needs`` ("--against REF"): a code that needs
+    # one runs by default when it is given, and cannot run without it
+    given: frozenset[str] = frozenset()
+
 
 @dataclass(frozen=True)
 class FileUnderCheck:
@@ -78,20 +79,20 @@ class FileUnderCheck:
 Hit = tuple[str | None, str] | tuple[str | None, str, Path]
 
 
-def _always(settings: CheckSettings) -> bool:
-    return True
-
-
 def _nothing(file: FileUnderCheck) -> Iterable[Hit]:
     return ()
 
 
 @dataclass(frozen=True)
 class CheckCode:
-    """A check: what it is (documented), whether a run wants it, and what it finds in a file.
+    """A check: what it is (documented), the input it needs, and what it finds in a file.
 
     To add one: a function from ``FileUnderCheck`` to ``(key, message)`` pairs,
-    in a module of its own if it is large, and one entry in ``CODES``.
+    in a module of its own if it is large, and one entry in ``CODES``. A code
+    that reads an input only an option gives (a reference, a manifest) names
+    that option as ``needs``: it runs by default when the option is given, and
+    asking for it without the option is an ``OptionError`` (``chosen_codes``),
+    never a run that passes because there was nothing to compare with.
     """
 
     code: str
@@ -101,4 +102,4 @@ class CheckCode:
     why: str
     fix: str
     run: Callable[[FileUnderCheck], Iterable[Hit]] = _nothing
-    wanted: Callable[[CheckSettings], bool] = _always
+    needs: str | None = None  # the option giving its input ("--against REF"), as in ``given``

@@ -23,7 +23,17 @@ from ...progress import Progress, no_progress
 from ...readers import open_checkpoint, tag_for, tag_somewhere
 from ...remote.urls import RemotePath
 from ...rules import NormalizeOptions, check_selection
-from .codes import CODES, chosen_codes, dangerous_message, spelled_as
+from .codes import (
+    ATTESTATION,
+    CODES,
+    FINITE,
+    FORMATS,
+    MANIFEST,
+    REFERENCE,
+    chosen_codes,
+    dangerous_message,
+    spelled_as,
+)
 from .file import FINITE_SCOPES, CheckSettings, FileUnderCheck, Hit, Severity
 
 if TYPE_CHECKING:
@@ -125,48 +135,59 @@ def check(
     if finite is not None and finite not in FINITE_SCOPES:
         raise OptionError(f"finite must be one of {', '.join(FINITE_SCOPES)} or None, not "
                           f"{finite!r}")
+    options = options or NormalizeOptions()
+    _refuse_idle(options, finite, against, atol, rtol)
+    OptionError.only_with(ATTESTATION, verify_signature, [
+        ("--public-key, --certificate-chain or --sigstore-identity", trusted)])
+    OptionError.only_with("--public-key, --certificate-chain or --sigstore-identity", trusted,
+                          [(ATTESTATION, verify_signature)])
     from ...readers.budget import ratio_of
 
-    asked = {name for name, given in (("reference", against), ("manifest", against_manifest),
-                                      ("attestation", verify_signature)) if given is not None}
-    settings = CheckSettings(formats=tuple(require_format), finite=finite,
-                             options=options or NormalizeOptions(),
+    given = frozenset(option for option, value in (
+        (FINITE, finite), (FORMATS, tuple(require_format)), (REFERENCE, against),
+        (MANIFEST, against_manifest), (ATTESTATION, verify_signature)) if value)
+    settings = CheckSettings(formats=tuple(require_format), finite=finite, options=options,
                              tolerance=Tolerance(atol, rtol), progress=progress,
-                             max_expansion=ratio_of(max_expansion), tag=tag,
-                             asked=frozenset(asked))
+                             max_expansion=ratio_of(max_expansion), tag=tag, given=given)
     chosen = chosen_codes(codes, ignore, settings)
-    for code, given, option in (("CKP010", against_manifest, "--against-manifest FILE"),
-                                ("CKP015", verify_signature, "--verify-signature FILE")):
-        if code in chosen and given is None:
-            raise OptionError(f"{code} compares with what {option} names: pass it too")
     found, skipped = _expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     tag_somewhere([*found, against], tag)
-    settings = _with_inputs(settings, chosen, against, against_manifest, verify_signature,
-                            trusted, max_expansion)
+    settings = _with_inputs(settings, against, against_manifest, verify_signature, trusted,
+                            max_expansion)
     files = tuple(_check_file(path, chosen, settings) for path in found)
     return CheckReport(files, chosen, tuple(skipped))
 
 
-def _with_inputs(settings: CheckSettings, chosen: tuple[str, ...],
-                 against: str | os.PathLike[str] | None,
+def _refuse_idle(options: NormalizeOptions, finite: str | None,
+                 against: str | os.PathLike[str] | None, atol: float, rtol: float) -> None:
+    """Refuse options that would change nothing: the tolerances and the normalize options
+    act on what ``--against`` compares; ``--finite`` reads only the weights ``--select`` and
+    ``--ema`` pick (``--finite-all``: every tensor, whatever was picked)."""
+    OptionError.only_with(REFERENCE, against, [("--atol", atol), ("--rtol", rtol)])
+    picking = ("--select", "--ema", "--prefer-ema")
+    given = options.given()
+    OptionError.only_with(REFERENCE, against, [(o, o not in picking) for o in given])
+    OptionError.only_with(f"{REFERENCE} or --finite", against or finite == "weights",
+                          [(o, o in picking) for o in given])
+
+
+def _with_inputs(settings: CheckSettings, against: str | os.PathLike[str] | None,
                  against_manifest: str | os.PathLike[str] | None,
                  verify_signature: str | os.PathLike[str] | None,
                  trusted: TrustedKeys | None, max_expansion: float | None) -> CheckSettings:
-    """``settings`` with what the chosen codes compare with, each read once: the reference
-    checkpoint (CKP009), the manifest (CKP010), the verified weights attestation (CKP015)."""
-    if against is not None and "CKP009" in chosen:
+    """``settings`` with what the codes compare with, each read once: the reference
+    checkpoint (CKP009), the manifest (CKP010), the verified weights attestation (CKP015);
+    each given only with its code chosen (``chosen_codes``)."""
+    if against is not None:
         settings = replace(settings, reference=open_checkpoint(
             against, max_expansion=max_expansion, tag=tag_for(Path(against), settings.tag)))
-    if against_manifest is not None and "CKP010" in chosen:
+    if against_manifest is not None:
         from ...analysis.manifests import load_manifest
 
         settings = replace(settings, manifest=load_manifest(against_manifest))
-    if verify_signature is not None and "CKP015" in chosen:
+    if verify_signature is not None and trusted is not None:
         from ...signing import signed_weights
 
-        if trusted is None:
-            raise OptionError("--verify-signature needs the key or chain it must verify with "
-                              "(--public-key, --certificate-chain)")
         settings = replace(settings, attestation=signed_weights(Path(verify_signature),
                                                                 trusted))
     return settings
