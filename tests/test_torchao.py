@@ -145,13 +145,15 @@ def test_torchao_codes_are_never_cast_and_kept_as_torchao_lays_them_out(torchao_
 
 def _forged_safetensors(model: SimpleNamespace, path: Path, tensors: dict[str, torch.Tensor],
                         metadata: dict[str, object]) -> Path:
-    """The flattened file with tensors replaced and weights' metadata rewritten."""
+    """The flattened file with tensors replaced (None: left out) and weights' metadata
+    rewritten."""
     docs = dict(model.metadata)
     for name, change in metadata.items():
         doc = json.loads(docs[name])
         doc["_data"].update(change)  # type: ignore[call-overload]
         docs[name] = json.dumps(doc)
-    save_file({**model.tensors, **tensors}, path, metadata=docs)
+    kept = {k: v for k, v in {**model.tensors, **tensors}.items() if v is not None}
+    save_file(kept, path, metadata=docs)
     return path
 
 
@@ -164,6 +166,7 @@ def _forged_safetensors(model: SimpleNamespace, path: Path, tensors: dict[str, t
     ({}, {"fp8.1.weight": {"block_size": [1, 16]}}, "fp8.1.weight", "block_size [1, 16]"),
     ({"int4.0._weight_zero_point": torch.zeros(32, 1, dtype=torch.int8)}, {},
      "int4.0._weight_zero_point", "does not match its scale"),
+    ({"int8.0._weight_qdata": None}, {}, "int8.0._weight_scale", "without its codes"),
 ])
 def test_forged_inner_tensors_are_refused(torchao_model, run, tmp_path, tensors, metadata,
                                           weight, why):
@@ -193,6 +196,14 @@ def test_forged_subclass_in_a_pth_is_refused(run, tmp_path):
     assert "forged.pth" in result.stderr and "m.weight" in result.stderr
     assert "does not tile" in result.stderr
     assert run("check", path, "--codes", "CKP016").exit_code == 1
+    hollow = tmp_path / "hollow.pth"  # a subclass whose qdata is not a tensor
+    hollowed = Int8Tensor(torch.zeros(32, 64, dtype=torch.int8), torch.ones(32, 1), [1, 64],
+                          torch.float32)
+    hollowed.qdata = None
+    torch.save({"m.weight": hollowed}, hollow)
+    hollowed_out = run("normalize", hollow, tmp_path / "hollow.safetensors")
+    assert hollowed_out.exit_code == 2
+    assert "hollow.pth: m.weight: a torchao Int8Tensor without its qdata" in hollowed_out.stderr
     clash = tmp_path / "clash.pth"  # an inner tensor's flattened name taken: never overwritten
     torch.save({"m.weight": forged, "m._weight_scale": torch.ones(3)}, clash)
     shown = run("inspect", clash)

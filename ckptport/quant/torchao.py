@@ -70,11 +70,13 @@ def part_name(weight: str, part: str) -> str:
 # -- a .pth's subclasses, flattened as torchao's safetensors support flattens them --------
 
 
-def flatten(tree: Tree, path: Path) -> tuple[Tree, dict[str, str]]:
+def flatten(tree: Tree, path: Path, lenient: bool = False) -> tuple[Tree, dict[str, str]]:
     """``tree`` with each torchao subclass of a dict replaced by its inner tensors (named by
     ``part_name``), and the metadata torchao's safetensors support would write for them,
     keyed by each weight's path. A tree without one is returned as it is; an inner tensor's
-    name the dict already holds is refused (``path``: the file), never overwritten."""
+    name the dict already holds is refused (``path``: the file), never overwritten, and so
+    is a subclass without its ``qdata`` and ``scale`` tensors, which a ``lenient`` read (a
+    report's) keeps as the record it is."""
     metadata: dict[str, str] = {}
 
     def walk(node: Tree, path_: KeyPath) -> Tree:
@@ -86,9 +88,15 @@ def flatten(tree: Tree, path: Path) -> tuple[Tree, dict[str, str]]:
                 return rebuild_dict(node, changed)
             items: list[tuple[Key, Tree]] = []
             for key, value in node.items():
-                if isinstance(value, SubclassRecord) and isinstance(key, str):
+                state = value.state if isinstance(value, SubclassRecord) and isinstance(
+                    value.state, dict) else {}
+                whole = all(is_tensor(state.get(p)) for p in ("qdata", "scale"))
+                if isinstance(value, SubclassRecord) and not whole and not lenient:
+                    raise QuantError(f"{format_path((*path_, key))}: a torchao "
+                                     f"{value.short_name} without its qdata and scale "
+                                     "tensors", path)
+                if isinstance(value, SubclassRecord) and whole and isinstance(key, str):
                     metadata[format_path((*path_, key))] = json.dumps(_describe(value))
-                    state = value.state if isinstance(value.state, dict) else {}
                     for part, inner in state.items():
                         name = part_name(key, part)
                         if is_tensor(inner) and name in node:
@@ -226,7 +234,13 @@ class Torchao:
         leaves = {k: v for k, v in tensors.items() if is_tensor(v)}
         for qname in leaves:
             inner = _inner(qname)
-            if inner is None or inner[1] != "qdata":
+            if inner is None:
+                continue
+            if inner[1] != "qdata":
+                codes = part_name(inner[0], "qdata")
+                if isinstance(docs, dict) and codes not in leaves:
+                    raise QuantError(f"{qname}: the {inner[1]} of torchao weight {inner[0]} "
+                                     f"without its codes {codes}")
                 continue
             doc = _described(inner[0], docs, str(prefix or "")) if isinstance(docs, dict) \
                 else None

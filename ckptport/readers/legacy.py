@@ -166,6 +166,6 @@ class LegacyReader:
             raise refusal(exc, source.main) from None
         except InputError as exc:
             raise exc.at(source.main) from None
-        tree, metadata = flatten(unpickled.value, source.main)  # torchao: its flat layout
+        tree, metadata = flatten(unpickled.value, source.main, options.lenient)  # torchao's
         return Checkpoint(tree, pickle_facts(
             source.main, self.format, source.file.size, tree, pickles, metadata=metadata))

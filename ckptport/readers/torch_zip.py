@@ -104,7 +104,7 @@ class TorchZipReader:
             return load_trusted(source, self.format)
         zipped = archive(source)
         unpickled = unpickle_archive(zipped, options)
-        tree, metadata = flatten(unpickled.value, source.main)  # torchao: its flat layout
+        tree, metadata = flatten(unpickled.value, source.main, options.lenient)  # torchao's
         return Checkpoint(tree, pickle_facts(
             source.main, self.format, zipped.source.size, tree, [unpickled], metadata=metadata))
 
