@@ -365,3 +365,17 @@ def test_check_finds_zero_torchao_scales(torchao_model, run, tmp_path):
                     "the codes of those blocks dequantize to NaN or 0"], hits
     clean = json.loads(run("check", torchao_model.pth, "--format", "json").stdout)
     assert not [f for f in clean["files"][0]["findings"] if f["code"] == "CKP016"]
+
+
+def test_torchao_recognized_without_torch(torchao_model):
+    """The subclasses are data: inspecting the .pth imports neither torchao nor torch."""
+    import subprocess
+    import sys
+
+    from tests.test_inspect import _NO_TORCH
+
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, "inspect", str(torchao_model.pth)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch was imported" not in done.stderr
+    assert "quantization: torchao (16 weights)" in done.stdout
