@@ -383,3 +383,16 @@ def test_streaming_convert_casts_lazily_but_reports_the_same(fx, tmp_path):
     assert isinstance(lazy.checkpoint.tree["conv.weight"], Pending)
     assert isinstance(eager.checkpoint.tree["conv.weight"], torch.Tensor)
     assert eager.checkpoint.tree["conv.weight"].dtype == torch.bfloat16
+
+
+def test_a_failing_read_back_publishes_nothing(fx, tmp_path, monkeypatch):
+    from ckptport.errors import VerificationError
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("no such global")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    dst = tmp_path / "model.pth"
+    with pytest.raises(VerificationError, match="does not load with weights_only=True: no such"):
+        ckptport.normalize_file(fx["ddp_cuda3"], dst)
+    assert list(tmp_path.iterdir()) == []

@@ -1,10 +1,7 @@
 """Write torch ``.pth`` files that load anywhere with ``weights_only=True``, streaming.
 
 The pickle is made first (protocol 2, what ``torch.save`` writes), with every
-tensor referring to a storage record by key, and without importing torch:
-the torch globals it names are stand-ins renamed in the bytes
-(``torchnames``), while torch is imported on another thread for the
-verification that follows the writing; then each record's bytes are
+tensor referring to a storage record by key; then each record's bytes are
 produced and streamed into the archive (``torchzip``) one tensor at a time,
 piece by piece, so no tensor is ever held whole unless a cast must compute
 it. Every tensor gets a record holding exactly its own bytes (a saved slice
@@ -18,7 +15,6 @@ pickling of their storages.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import pickle
 import sys
@@ -26,14 +22,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..dtypes import dtype_of
 from ..errors import OutputError
 from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
 from ..tree import Leaf, TensorLeaf, Tree, format_path, is_tensor, iter_tensors, rebuild_dict
 from ..treejson import sorted_items
-from . import torchnames
 from .staging import preallocate
 from .torchzip import ZipWriter
 
@@ -62,28 +57,13 @@ Range = tuple["SourceFile", int, int]  # where a record's bytes lie verbatim in 
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles tensors as references to records; remembers how to produce each record.
+    """Pickles tensors as references to records; remembers how to produce each record."""
 
-    The torch globals it names come from ``names`` (``torchnames``: stand-ins, or torch's
-    own); ``used`` counts the distinct ones.
-    """
-
-    def __init__(self, location: str, tap: Tap | None = None,
-                 names: Callable[[str], object] = torchnames.standin) -> None:
-        self.buffer = io.BytesIO()
-        super().__init__(self.buffer, protocol=PICKLE_PROTOCOL)
-        self.location, self.tap, self.names = location, tap, names
-        self.used: set[str] = set()
+    def __init__(self, file: BinaryIO, location: str, tap: Tap | None = None) -> None:
+        super().__init__(file, protocol=PICKLE_PROTOCOL)
+        self.location, self.tap = location, tap
         self.records: dict[str, tuple[Produce, int, Range | None]] = {}
         self._keys: dict[Hashable, str] = {}
-
-    def _global(self, name: str) -> object:
-        self.used.add(name)
-        return self.names(name)
-
-    def _rebuild(self, name: str) -> Callable[..., object]:
-        """A ``torch._utils._rebuild_tensor_*`` function (or its stand-in, callable too)."""
-        return cast("Callable[..., object]", self._global(name))
 
     def _key(self, identity: Hashable, produce: Produce, size: int, where: Range | None = None
              ) -> str:
@@ -96,30 +76,31 @@ class _Pickler(pickle.Pickler):
 
     # Any: a reduce tuple, or NotImplemented (which mypy reads as Any), as pickle declares it
     def reducer_override(self, obj: object) -> Any:
+        import torch
+
         if not is_tensor(obj):
             return NotImplemented
         if not isinstance(obj, Leaf) and _torch_reduces(obj):
             return NotImplemented  # sparse, quantized, subclasses: torch's own reduction
         dtype = dtype_of(obj)
+        real = dtype.to_torch()
         size = nbytes(obj)
         produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
         key = self._key(view_key(obj), produce, size, file_range(obj))
         shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[str, object] = OrderedDict()  # backward hooks: never any
-        storage = torchnames.storage_class(dtype)
-        if storage is None:
-            ref = _StorageRef(key, self._global("UntypedStorage"), size)
-            return (self._rebuild("_rebuild_tensor_v3"),
-                    (ref, 0, shape, stride, False, hooks, self._global(dtype.name)))
-        ref = _StorageRef(key, self._global(storage), size // max(dtype.itemsize, 1))
-        return (self._rebuild("_rebuild_tensor_v2"), (ref, 0, shape, stride, False, hooks))
+        if real in torch.storage._new_dtypes():
+            ref = _StorageRef(key, torch.UntypedStorage, size)
+            return (torch._utils._rebuild_tensor_v3,
+                    (ref, 0, shape, stride, False, hooks, real))
+        storage_type = getattr(torch, torch.storage._dtype_to_storage_type_map()[real])
+        ref = _StorageRef(key, storage_type, size // max(dtype.itemsize, 1))
+        return (torch._utils._rebuild_tensor_v2, (ref, 0, shape, stride, False, hooks))
 
     def persistent_id(self, obj: object) -> object:
         if isinstance(obj, _StorageRef):
             return ("storage", obj.storage_type, obj.key, self.location, obj.numel)
-        if not type(obj).__module__.startswith("torch"):
-            return None  # (torch objects exist only once torch is imported)
         import torch
 
         if isinstance(obj, torch.storage.TypedStorage):  # tensors torch reduces itself
@@ -139,20 +120,6 @@ def _torch_reduces(tensor: torch.Tensor) -> bool:
 
     return bool(tensor.layout != torch.strided or tensor.is_quantized
                 or type(tensor) not in (torch.Tensor, torch.nn.Parameter))
-
-
-def _pickle(tree: Tree, anchor: str, tap: Tap | None) -> tuple[bytes, _Pickler]:
-    """``tree``'s pickle and the pickler that knows its records, made without torch
-    (``torchnames``) unless the tree's own strings spell the stand-ins' marker."""
-    value = canonical(tree)
-    pickler = _Pickler(anchor, tap)
-    pickler.dump(value)
-    pickled = torchnames.to_torch_names(pickler.buffer.getvalue(), len(pickler.used))
-    if pickled is None:
-        pickler = _Pickler(anchor, tap, torchnames.real)
-        pickler.dump(value)
-        pickled = pickler.buffer.getvalue()
-    return pickled, pickler
 
 
 def _storage_bytes(storage: torch.UntypedStorage) -> Iterator[bytes | memoryview]:
@@ -201,9 +168,7 @@ class PthFile:
     def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
         require_torch_dtypes(tree, dst)
-        # verification needs torch: it is imported on a thread while this one writes
-        with torchnames.imported_meanwhile() if options.verify else contextlib.nullcontext():
-            write_pth(tree, file, options.anchor, advance, options.tap)
+        write_pth(tree, file, options.anchor, advance, options.tap)
 
     def verify(self, path: Path, tree: Tree, written: None, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
@@ -230,7 +195,10 @@ def write_pth(tree: Tree, file: BinaryIO, anchor: str, advance: Callable[[int], 
               tap: Tap | None = None) -> None:
     """Write ``tree`` as a torch zip checkpoint, one storage record at a time; ``tap`` sees
     each tensor's pieces as they are written."""
-    pickled, pickler = _pickle(tree, anchor, tap)
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, anchor, tap)
+    pickler.dump(canonical(tree))
+    pickled = buffer.getvalue()
     archive = ZipWriter(file)
     reserved = preallocate(file, archive.bound([len(pickled)]
                                                + [n for _, n, _ in pickler.records.values()]))
