@@ -405,6 +405,79 @@ def test_check_refuses_options_that_would_change_nothing(fx, run, args, message)
     assert json.loads(result.stdout)["error"]["message"] == message
 
 
+BY_VALUE = ("only with two checkpoints, not a manifest (it is compared by sha256, "
+            "normalized as it records)")
+ONE_SRC = "acts only with one SRC, not a folder of checkpoints"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("diff", "MANIFEST", "PLAIN", "--atol", "0.1", "--cast"), f"--atol and --cast act {BY_VALUE}"),
+    (("diff", "PLAIN", "MANIFEST", "--raw"), f"--raw acts {BY_VALUE}"),
+    (("diff", "PLAIN", "MANIFEST", "--dtype", "float16"),
+     f"--dtype acts {BY_VALUE}"),
+    (("diff", "MANIFEST", "PLAIN", "--plot", "OUT/p.png"),
+     f"--plot acts {BY_VALUE}"),
+    (("manifest", "PLAIN", "--overwrite"),
+     "--overwrite acts only with -o FILE (without it the manifest itself, JSON, goes to stdout)"),
+    (("manifest", "PLAIN", "--format", "text"),
+     "--format text acts only with -o FILE (without it the manifest itself, JSON, goes to "
+     "stdout)"),
+    (("normalize", "PLAIN", "OUT/o.safetensors", "--anchor", "cuda:0"),
+     "--anchor acts only with a pth output, not safetensors"),
+    (("normalize", "PLAIN", "OUT/o.pth", "--dcp-key", "model"),
+     "--dcp-key acts only with a dcp output, not pth"),
+    (("normalize", "PLAIN", "OUT/o.pth", "--metadata", "drop"),
+     "--metadata acts only with a safetensors output, not pth"),
+    (("normalize", "PLAIN", "OUT/o.pth", "--dry-run"),
+     "--dry-run acts only with a folder of checkpoints as SRC"),
+    (("normalize", "PLAIN", "OUT/o.pth", "--sign-chain", "c.pem"),
+     "--sign-chain acts only with --sign PEM"),
+    (("normalize", "FOLDER", "OUT/o", "--trust"), f"--trust {ONE_SRC}"),
+    (("normalize", "FOLDER", "OUT/o", "--sign-certificate", "c.pem"),
+     f"--sign-certificate {ONE_SRC}"),
+    (("normalize", "FOLDER", "OUT/o", "--dry-run", "--to", "safetensors", "--anchor", "cuda:1"),
+     "--anchor acts only with a pth output, not safetensors"),
+    (("sign", "PLAIN", "--key", "k.pem", "--identity-token", "t"),
+     "--identity-token acts only with --sigstore"),
+    (("sign", "PLAIN", "--sigstore", "--certificate", "c.pem"),
+     "--certificate acts only with --key PEM"),
+    (("sign", "PLAIN", "--key", "k.pem", "--weights-only", "--file-hash", "blake3"),
+     "--file-hash blake3 acts only with an OMS signature over the files (not --weights-only, "
+     "not a URL)"),
+])
+def test_an_option_that_would_change_nothing_is_an_error(fx, run, tmp_path, args, message):
+    """Every command: an option its mode would not apply is one error line (exit 2) and
+    nothing written, not a run that looks as if it had applied."""
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.pth").write_bytes(fx["plain"].read_bytes())
+    listed = tmp_path / "m.json"
+    if "MANIFEST" in args:
+        assert run("manifest", fx["plain"], "-o", listed).exit_code == 0
+    named = {"PLAIN": str(fx["plain"]), "MANIFEST": str(listed), "FOLDER": str(folder)}
+    argv = [named.get(a, a.replace("OUT", str(out))) for a in args]
+    result = run(*argv)
+    assert (result.exit_code, result.stderr) == (2, f"ckptport: error: {message}\n")
+    assert list(out.iterdir()) == []
+    if args[0] in ("diff", "normalize"):  # their JSON error, too
+        doc = json.loads(run(*argv, "--format", "json").stdout)
+        assert doc["error"]["message"] == message
+
+
+def test_the_python_api_refuses_an_option_given_twice(fx):
+    """``load_state_dict``'s keywords and ``options`` name the same step: one would be
+    dropped without a word."""
+    from ckptport import NormalizeOptions, OptionError, load_state_dict
+
+    with pytest.raises(OptionError, match="^keep: given both as a keyword and in options"):
+        load_state_dict(fx["plain"], options=NormalizeOptions(keep=("a*",)), keep=["b*"])
+    with pytest.raises(OptionError, match="^dequantize: given both"):
+        load_state_dict(fx["plain"], options=NormalizeOptions(dequantize="float32"),
+                        dequantize="bfloat16")
+
+
 @pytest.mark.parametrize("command", ["inspect", "diff", "manifest"])
 def test_a_folder_of_checkpoints_is_listed_with_what_fits_the_command(fx, run, tmp_path,
                                                                       command):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import OptionError
 from ..escape import printable
 from ..render import formatter
 from ..rules import NormalizeOptions
@@ -97,12 +98,15 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
     the same relative path under DST (with --to's extension, .pth by default) by
     --jobs processes; a second run resumes. Exit 0 all converted, 1 some failed."""
     from ..readers import is_folder_of_checkpoints
-    if is_folder_of_checkpoints(src):
-        if manifest_path is not None or max_shard_size is not None or dcp_key is not None \
-                or hash_name or tag is not None or sign_key is not None:
-            raise click.UsageError("folder mode writes one file per checkpoint: --manifest, "
-                                   "--max-shard-size, --dcp-key, --hash-name, --tag and --sign "
-                                   "apply to one SRC")
+    folder = is_folder_of_checkpoints(src)
+    OptionError.only_with("one SRC, not a folder of checkpoints", not folder, [
+        ("--manifest", manifest_path), ("--max-shard-size", max_shard_size),
+        ("--dcp-key", dcp_key), ("--hash-name", hash_name), ("--tag", tag),
+        ("--trust", trust), ("--sign", sign_key), ("--sign-certificate", sign_certificate),
+        ("--sign-chain", sign_chain)])
+    OptionError.only_with("a folder of checkpoints as SRC", folder,
+                          [("--part", part), ("--dry-run", dry_run)])
+    if folder:
         from ..commands.normalize import FolderOptions, normalize_folder
 
         with progress_bars(quiet) as progress:
@@ -112,8 +116,6 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
                 max_expansion=max_expansion, create_pr=create_pr), progress=progress)
         click.echo(formatter(report_format).folder(folder_report))
         ctx.exit(folder_report.exit_code)
-    if part is not None or dry_run:
-        raise click.UsageError("--part and --dry-run apply to a folder of checkpoints")
     if trust:
         click.echo(f"ckptport: warning: --trust: {printable(str(src))} is unpickled with full "
                    "Python; any code in it runs", err=True)
@@ -135,9 +137,9 @@ def normalize(ctx: click.Context, src: Path, dst: str, to: str | None,
 def _signing_key(key: Path | None, certificate: Path | None, chain: tuple[Path, ...]
                  ) -> SigningKey | None:
     """``--sign``'s key (its password from CKPTPORT_KEY_PASSWORD), if one is given."""
+    OptionError.only_with("--sign PEM", key, [("--sign-certificate", certificate),
+                                              ("--sign-chain", chain)])
     if key is None:
-        if certificate is not None or chain:
-            raise click.UsageError("--sign-certificate and --sign-chain go with --sign PEM")
         return None
     from ..signing import SigningKey
 

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from ..checkpoint import Format
-from ..errors import EXIT_FINDINGS, OutputExistsError
+from ..errors import EXIT_FINDINGS, OptionError, OutputExistsError
 from ..render import formatter
 from ..rules import NormalizeOptions
 from .options import (
@@ -38,7 +39,9 @@ __all__ = ["manifest_command", "diff", "inspect_command", "check_command"]
 @jobs_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @report_format_option("manifest")
-def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float | None,
+@click.pass_context
+def manifest_command(ctx: click.Context, src: Path, options: NormalizeOptions,
+                     max_expansion: float | None,
                      tag: str | None,
                      output: Path | None, overwrite: bool,
                      trust: bool, jobs: int | None, quiet: bool, report_format: str) -> None:
@@ -48,6 +51,11 @@ def manifest_command(src: Path, options: NormalizeOptions, max_expansion: float 
     and key order. Commit it; gate releases with check --against-manifest FILE."""
     from ..commands.manifest import manifest, write_manifest
 
+    OptionError.only_with("-o FILE (without it the manifest itself, JSON, goes to stdout)",
+                          output, [("--overwrite", overwrite),
+                                   (f"--format {report_format}", report_format != "json" and
+                                    ctx.get_parameter_source("report_format")
+                                    is not ParameterSource.DEFAULT)])
     if output is not None and output.exists() and not overwrite:  # before the long read
         raise OutputExistsError("exists; pass --overwrite to replace it", output)
     with progress_bars(quiet) as progress:
@@ -103,6 +111,12 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
         raise click.UsageError("--raw compares as stored; it cannot be combined with "
                                "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
                                "the key options")
+    if plot is not None:  # a manifest side has no values to draw
+        from ..analysis.manifests import is_manifest
+        from ..commands.diff import BY_VALUE
+
+        OptionError.only_with(BY_VALUE, not any(is_manifest(x) for x in (a, b)),
+                              [("--plot", plot)])
     if trust:
         click.echo("ckptport: warning: --trust: both files are unpickled with full Python; "
                    "any code in them runs", err=True)

@@ -26,9 +26,13 @@ from ..progress import Progress, no_progress
 from ..readers import open_checkpoint, tag_for, tag_somewhere
 from ..rules import NormalizeOptions, Recipe
 
-__all__ = ["diff", "DiffReport"]
+__all__ = ["diff", "DiffReport", "BY_VALUE"]
 
 Input = str | os.PathLike[str] | Checkpoint
+# what the options that compare values or normalize need: a manifest side holds sha256s,
+# and the other side is normalized as the manifest records
+BY_VALUE = ("two checkpoints, not a manifest (it is compared by sha256, normalized as it "
+            "records)")
 
 
 def diff(
@@ -67,7 +71,8 @@ def diff(
         A ``DiffReport``; ``report.equal`` is the verdict.
 
     Raises:
-        OptionError: ``raw`` with normalize options, or a map with a manifest side.
+        OptionError: ``raw`` with normalize options; with a manifest side, an option it
+            would not apply (``raw``, a tolerance, ``cast``, normalize options, a map).
         CkptportError: either side cannot be read.
     """
     if raw and (options is not None or map_a is not None or map_b is not None):
@@ -78,6 +83,9 @@ def diff(
         if map_a is not None or map_b is not None:
             raise RuleError("--map-a/--map-b: a manifest side is normalized as the manifest "
                             "records; make the manifest with --map instead")
+        OptionError.only_with(BY_VALUE, False, [
+            ("--raw", raw), ("--atol", atol), ("--rtol", rtol), ("--cast", cast),
+            *((option, True) for option in (options.given() if options else ()))])
         return _with_manifest(a, b, tolerance, trust, (max_expansion, tag), progress)
     reading = (max_expansion, tag)
     return compare_checkpoints(_read(a, trust, reading), _read(b, trust, reading),

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..errors import CkptportError, SelectionError, StateDictMismatchError
+from ..errors import CkptportError, OptionError, SelectionError, StateDictMismatchError
 from ..quant import QuantError, config_of, recognize
 from ..readers import read
 from ..rules import NormalizeOptions, Recipe, apply_rules, is_state_dict, strip_key
@@ -46,10 +46,17 @@ def with_keys(options: NormalizeOptions | None, *, subtree: str | None = None,
               rename: Sequence[tuple[str, str]] = (),
               map: Recipe | str | os.PathLike[str] | None = None) -> NormalizeOptions | None:  # noqa: A002
     """``options`` with the key-surgery keywords of the Python API added (``map``: a recipe
-    file, as ``--map``)."""
+    file, as ``--map``); one given both ways is an ``OptionError``, since one of the two
+    would be dropped without a word."""
     if not (subtree or keep or drop or rename or map):
         return options
     base = options or NormalizeOptions()
+    twice = [name for name, mine, theirs in (
+        ("subtree", subtree, base.subtree), ("keep", keep, base.keep), ("drop", drop, base.drop),
+        ("rename", rename, base.rename), ("map", map, base.recipe)) if mine and theirs]
+    if twice:
+        raise OptionError(f"{', '.join(twice)}: given both as a keyword and in options; "
+                          "give each once")
     return replace(base, subtree=subtree or base.subtree, keep=tuple(keep) or base.keep,
                    drop=tuple(drop) or base.drop, rename=tuple(rename) or base.rename,
                    recipe=map or base.recipe)
@@ -92,6 +99,8 @@ def load_state_dict(
     """
     options = with_keys(options, subtree=subtree, keep=keep, drop=drop, rename=rename, map=map)
     if dequantize is not None:
+        if options is not None and options.dequantize is not None:
+            raise OptionError("dequantize: given both as a keyword and in options; give it once")
         options = replace(options or NormalizeOptions(), dequantize=dequantize)
     normalized = apply_rules(read(path, trust=trust, max_expansion=max_expansion, tag=tag),
                              options)

@@ -132,6 +132,8 @@ def sign(src: str | os.PathLike[str], key: SigningKey, *, output: Path | None = 
     remote = is_remote(src)
     oms, attested = signature_paths(src if remote else Path(src), output)
     files_too = not (remote or weights_only)
+    OptionError.only_with("an OMS signature over the files (not --weights-only, not a URL)",
+                          files_too, [(f"--file-hash {file_hash}", file_hash != "sha256")])
     for path in ((oms, attested) if files_too else (attested,)):
         if path.exists() and not overwrite:
             raise OutputExistsError("exists; pass --overwrite to replace it", path)

@@ -74,6 +74,9 @@ class SigningKey:
         if self.certificate is None and self.chain:
             raise OptionError("a certificate chain needs the signing certificate "
                               "(--certificate)")
+        OptionError.only_with("--key PEM", self.private_key, [("--certificate", self.certificate)])
+        OptionError.only_with("--sigstore", self.sigstore,
+                              [("--identity-token", self.identity_token)])
 
     def signer(self) -> Signer:
         need_library()

@@ -24,7 +24,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Kind", "OutputFormat", "FORMATS", "register", "by_extension"]
+from ..errors import OptionError
+
+__all__ = ["Kind", "OutputFormat", "FORMATS", "register", "by_extension", "refuse_untaken"]
 
 
 class Kind(enum.Enum):
@@ -44,7 +46,9 @@ class OutputFormat:
     their provenance (the source's sha256, the rules applied, a safetensors source's own
     metadata); ``one_name_per_tensor``: a file stores each tensor once, under one name
     (safetensors), so a shard set leaves tied names out as the hub does, where a pickle
-    keeps every name over one storage.
+    keeps every name over one storage. ``takes``: the write options its writer reads,
+    spelled as on the command line (``--anchor``: what a pickle records; ``--dcp-key``);
+    any other one given is refused (``refuse_untaken``), not silently left out.
     """
 
     name: str
@@ -55,6 +59,7 @@ class OutputFormat:
     shard_extension: str | None = None
     metadata: bool = False  # records where it came from (``writers.provenance``)
     one_name_per_tensor: bool = False
+    takes: frozenset[str] = frozenset()
 
     def make(self) -> object:
         """The writer (a ``FileFormat`` for files, a ``Writer`` for folders: ``kind`` says
@@ -81,11 +86,25 @@ def register(fmt: OutputFormat) -> OutputFormat:
 
 register(OutputFormat("pth", Kind.FILE, "ckptport.writers.pth:PthFile",
                       (".pth", ".pt", ".bin", ".ckpt", ".pth.tar", ".pt.tar"),
-                      shard_stem="pytorch_model", shard_extension=".bin"))
+                      shard_stem="pytorch_model", shard_extension=".bin",
+                      takes=frozenset({"--anchor"})))
 register(OutputFormat("safetensors", Kind.FILE, "ckptport.writers.safetensors:SafetensorsFile",
                       (".safetensors",), shard_stem="model", metadata=True,
-                      one_name_per_tensor=True))
-register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter"))
+                      one_name_per_tensor=True, takes=frozenset({"--metadata"})))
+register(OutputFormat("dcp", Kind.FOLDER, "ckptport.writers.dcp:DcpWriter",
+                      takes=frozenset({"--dcp-key"})))
+
+
+def refuse_untaken(fmt: OutputFormat, *, anchor: str = "cpu", dcp_key: str | None = None,
+                   metadata: str = "keep") -> None:
+    """An ``OptionError`` for a write option of ``normalize`` given (away from its default)
+    that ``fmt`` does not take: its files would be written as if it had not been given."""
+    given = (("--anchor", anchor != "cpu"), ("--dcp-key", dcp_key),
+             ("--metadata", metadata != "keep"))
+    for option, value in given:
+        takers = " or ".join(f.name for f in FORMATS.values() if option in f.takes)
+        OptionError.only_with(f"a {takers} output, not {fmt.name}", option in fmt.takes,
+                              [(option, value)])
 
 
 def by_extension(filename: str) -> tuple[str, OutputFormat] | None:

@@ -34,6 +34,7 @@ from ...rules.recipes import KEY_MAP_SHA256
 from ...sources import read_more_than_once
 from ...tree import KEY_PREFIX
 from ...writers import WriteOptions, WriteResult, write_to
+from ...writers.formats import refuse_untaken
 from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import check_destination, plan_destination, same_file
 from ...writers.provenance import Provenance
@@ -210,6 +211,7 @@ def normalize_file(
                           remote.url)
     destination = remote.local if remote is not None else plan_destination(dst, to,
                                                                              max_shard_size)
+    refuse_untaken(destination.format, anchor=anchor, dcp_key=dcp_key, metadata=metadata)
     final_dst = destination.path
     if hash_name:
         destination = staging_destination(destination)

@@ -59,7 +59,7 @@ from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions
 from ...sources import sha256_files
 from ...tree import TextEnum
-from ...writers.formats import FORMATS, Kind, OutputFormat, by_extension
+from ...writers.formats import FORMATS, Kind, OutputFormat, by_extension, refuse_untaken
 from ...writers.plan import file_extension
 from .outputs import JOURNAL_DIR, Entry, HubOutputs, Outputs, outputs_for, stat_files
 
@@ -225,6 +225,7 @@ def plan_folder(src: Where, dst: Where, settings: FolderOptions
     if fmt is None:
         raise OutputError(f"unknown output format {settings.to!r} (known: "
                           f"{', '.join(FORMATS)})", dst)
+    refuse_untaken(fmt, anchor=settings.anchor, metadata=settings.metadata)
     if isinstance(src, Path) and not src.is_dir():
         raise InputError("is not a folder", src)
     if _overlap(src, dst):
@@ -302,8 +303,7 @@ def _convert(task: _Task, outputs: Outputs, settings: FolderOptions) -> _Done:
                                 out, settings.options, to=settings.to,
                                 anchor=settings.anchor, overwrite=True, verify=settings.verify,
                                 jobs=1, hash_source=True, config_beside=True,
-                                metadata=settings.metadata,
-                                max_expansion=settings.max_expansion,
+                                metadata=settings.metadata, max_expansion=settings.max_expansion,
                                 create_pr=settings.create_pr)
     except CkptportError as exc:
         reason = " ".join(exc.message.split())
