@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.helpers import same_bits
@@ -132,6 +133,8 @@ def test_torchao_inspect_shows_each_class_and_its_tensors(torchao_model, run):
 
 def test_torchao_codes_are_never_cast_and_kept_as_torchao_lays_them_out(torchao_model, run,
                                                                      tmp_path):
+    from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
+
     cast = run("normalize", torchao_model.pth, tmp_path / "cast.safetensors", "--dtype",
                "float16")
     assert cast.exit_code == 2 and "--dequantize" in cast.stderr
@@ -141,6 +144,21 @@ def test_torchao_codes_are_never_cast_and_kept_as_torchao_lays_them_out(torchao_
     written = load_file(kept)  # the inner tensors, under the names torchao's safetensors uses
     assert sorted(written) == sorted(torchao_model.tensors)
     assert all(same_bits(written[k], v) for k, v in torchao_model.tensors.items())
+    with safe_open(kept, "pt") as handle:  # and the metadata: torchao's loader reads it back
+        metadata = handle.metadata()
+    back, left = unflatten_tensor_state_dict(written, metadata)
+    assert not left and sorted(back) == sorted(torchao_model.state)
+    for name, original in torchao_model.state.items():
+        assert type(back[name]) is type(original), name
+        expected = original.dequantize() if type(original) is not torch.Tensor else original
+        got = back[name].dequantize() if type(original) is not torch.Tensor else back[name]
+        assert same_bits(got, expected), name
+    again = tmp_path / "again.safetensors"  # ckptport reads its own output as torchao's
+    assert run("normalize", kept, again, "--dequantize", "float32").exit_code == 0
+    assert all(same_bits(load_file(again)[k], v)
+               for k, v in torchao_model.oracle["float32"].items())
+    with safe_open(again, "pt") as handle:  # dequantized: no torchao entry left behind
+        assert "tensor_names" not in handle.metadata()
 
 
 def _forged_safetensors(model: SimpleNamespace, path: Path, tensors: dict[str, torch.Tensor],

@@ -35,19 +35,22 @@ from ..tree import (
     Key,
     KeyPath,
     ObjectRecord,
+    StateDict,
     TensorLeaf,
     Tree,
     format_path,
+    is_state_dict,
     is_tensor,
     rebuild_dict,
 )
-from ..unpickle.torchao_values import TENSOR_CLASSES, SubclassRecord
+from ..unpickle.torchao_values import ENUM_NAMES, TENSOR_CLASSES, TUPLE_FIELDS, SubclassRecord
 from . import QuantError, QuantizedWeight, register
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Torchao", "flatten", "torchao_config", "gathered", "indexed_as", "part_name"]
+__all__ = ["Torchao", "flatten", "torchao_config", "gathered", "indexed_as", "part_name",
+           "output_metadata"]
 
 # inner tensors: the ones dequantize() reads, then those consumed (activation quantization)
 _DATA = ("qdata", "scale", "zero_point")
@@ -120,7 +123,7 @@ def flatten(tree: Tree, path: Path, lenient: bool = False) -> tuple[Tree, dict[s
 def _describe(record: SubclassRecord) -> dict[str, Tree]:
     """A subclass as torchao's ``TensorSubclassAttributeJSONEncoder`` writes it."""
     state = record.state if isinstance(record.state, dict) else {}
-    data = {k: _encoded(v) for k, v in state.items() if not is_tensor(v) and v is not None}
+    data = {k: _encoded(v) for k, v in state.items() if not is_tensor(v)}
     if record.dtype is not None:
         data["dtype"] = {"_type": "torch.dtype", "_data": record.dtype.name}
     return {"_type": record.short_name, "_data": data,
@@ -133,6 +136,12 @@ def _encoded(value: Tree) -> Tree:
         short = value.name.rpartition(".")[2]
         if isinstance(value.state, dict):
             return {"_type": short, "_data": {k: _encoded(v) for k, v in value.state.items()}}
+        names, fields = ENUM_NAMES.get(short, {}), TUPLE_FIELDS.get(short, ())
+        if len(value.args) == 1 and value.args[0] in names:
+            return {"_type": short, "_data": names[value.args[0]]}
+        if len(value.args) == len(fields):
+            return {"_type": short, "_data": dict(zip(fields, map(_encoded, value.args),
+                                                      strict=True))}
         return {"_type": short, "_data": [_encoded(v) for v in value.args]
                 if len(value.args) != 1 else _encoded(value.args[0])}
     if isinstance(value, (list, tuple)):
@@ -153,13 +162,9 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
     if "tensor_names" not in metadata or (config and config.get("quant_method") not in (
             None, "torchao")):
         return config
-    try:
-        names = json.loads(metadata["tensor_names"])
-    except ValueError:
-        return config
     found: dict[str, dict[str, object]] = {}
-    for name in names if isinstance(names, list) else ():
-        text = metadata.get(name) if isinstance(name, str) else None
+    for name in _listed(metadata):
+        text = metadata.get(name)
         if text is None or len(text) > _MAX_METADATA:
             continue
         try:
@@ -167,7 +172,7 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
         except (ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and doc.get("_type") in TENSOR_CLASSES:
-            found[str(name)] = doc
+            found[name] = doc
     if not found:
         return config
     return {**(config or {"quant_method": "torchao"}), "torchao": found, "torchao_prefix": prefix}
@@ -197,12 +202,8 @@ def gathered(parts: Iterable[Mapping[str, str]]) -> dict[str, str]:
     names: dict[str, None] = {}
     found: dict[str, str] = {}
     for metadata in parts:
-        try:
-            listed = json.loads(metadata.get("tensor_names", "[]"))
-        except ValueError:
-            continue
-        for name in listed if isinstance(listed, list) else ():
-            if isinstance(name, str) and name in metadata:
+        for name in _listed(metadata):
+            if name in metadata:
                 names[name] = None
                 found.setdefault(name, metadata[name])
     if found:
@@ -216,6 +217,49 @@ def indexed_as(key: str, metadata: Mapping[str, str]) -> str:
     subclasses ``torch.save`` pickled); else ``key`` itself."""
     inner = _inner(key)
     return inner[0] if inner is not None and inner[0] in metadata else key
+
+
+def output_metadata(carried: Mapping[str, str], source: Mapping[str, str],
+                    tree: Tree) -> dict[str, str]:
+    """``carried`` (the source metadata a safetensors output keeps) with torchao's own made
+    for the output, as ``flatten_tensor_state_dict`` writes it: each torchao weight the
+    output still holds (its ``_qdata``) under its name, found as recognition finds it, each
+    other tensor as ``{"_type": "Tensor"}``, and ``tensor_names`` listing them; so a file
+    written without ``--dequantize`` keeps its classes (torchao's loader reads it back) and a
+    dequantized one carries no stale entry. Only where the output is one state dict."""
+    config = torchao_config(None, source)
+    docs = config.get("torchao") if config else None
+    if not isinstance(docs, dict):
+        return dict(carried)
+    stale = {"tensor_names", *_listed(source)}
+    kept = {k: v for k, v in carried.items() if k not in stale}
+    if not is_state_dict(tree):
+        return kept
+    state: StateDict = tree
+    made: dict[str, str] = {}
+    weights = 0
+    for key, leaf in state.items():
+        inner = _inner(key)
+        if inner is None and is_tensor(leaf):
+            made[key] = json.dumps({"_type": "Tensor"})
+        elif inner is not None and inner[1] == "qdata":
+            weights += 1
+            try:
+                made[inner[0]] = json.dumps(_described(inner[0], docs, ""))
+            except QuantError:
+                continue  # no entry tells its class: recognition will refuse it, not guess
+    if not weights:
+        return kept
+    return {**kept, **made, "tensor_names": json.dumps(list(made))}
+
+
+def _listed(metadata: Mapping[str, str]) -> list[str]:
+    """The names torchao's ``tensor_names`` lists (none when it is not a JSON list)."""
+    try:
+        names = json.loads(metadata.get("tensor_names", "[]"))
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 # -- the scheme ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .data_records import data_class, is_plain, slots_state
 from .distributed_values import _from_type_distributed, _ints
 from .values import Allowed, Device, Marker, Recorded, Refusal, Unsupported
 
-__all__ = ["torchao_table", "SubclassRecord", "TENSOR_CLASSES"]
+__all__ = ["torchao_table", "SubclassRecord", "TENSOR_CLASSES", "ENUM_NAMES", "TUPLE_FIELDS"]
 
 _WRAPPER = "torch._utils._rebuild_wrapper_subclass"
 _FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
@@ -47,6 +47,17 @@ _PARTS = (
     f"{_WORKFLOWS}.int8.int8_tensor.QuantizeTensorToInt8Kwargs",
     "torchao.float8.inference.Float8MMConfig",
 )
+
+
+# what torchao's safetensors JSON names an attribute by, where its pickle holds something else:
+# an enum member by name (the pickle calls the enum with its value), a named tuple by fields
+ENUM_NAMES: dict[str, dict[object, str]] = {
+    "MappingType": {1: "SYMMETRIC", 2: "SYMMETRIC_NO_CLIPPING_ERR", 3: "ASYMMETRIC"},
+    "ZeroPointDomain": {1: "INT", 2: "FLOAT", 3: "NONE"},
+    "KernelPreference": {"auto": "AUTO", "torch": "TORCH", "mslk": "MSLK",
+                         "emulated": "EMULATED"},
+}
+TUPLE_FIELDS = {"Float8MMConfig": ("emulate", "use_fast_accum", "pad_inner_dim")}
 
 
 @dataclass(eq=False)

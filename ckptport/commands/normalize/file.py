@@ -26,6 +26,7 @@ from ...errors import (
     VerificationError,
 )
 from ...progress import Progress, no_progress
+from ...quant.torchao import output_metadata
 from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
@@ -252,7 +253,9 @@ def normalize_file(
         raise OutputExistsError("exists; pass --overwrite to replace it (the dequantized "
                                 "folder's config, without its quantization_config)", config_at)
     recipe = (options or NormalizeOptions()).loaded_recipe
-    carried = carried_metadata(checkpoint.source, metadata == "keep") if records else {}
+    kept = carried_metadata(checkpoint.source, metadata == "keep") if records else {}
+    carried = output_metadata(kept, checkpoint.source.metadata, normalized.checkpoint.tree) \
+        if records else {}  # torchao's entries made for the output, whatever the source
     provenance = Provenance(source.files, _applied(normalized.results), carried,
                             {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
     if hash_source:
@@ -294,7 +297,7 @@ def normalize_file(
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
                            None if made is None else made.digest, attestation=attestation,
-                           metadata_kept=tuple(carried),
+                           metadata_kept=tuple(k for k in kept if k in carried),
                            map_sha256=None if recipe is None else recipe.sha256)
 
 
