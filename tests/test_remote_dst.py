@@ -319,12 +319,12 @@ def test_read_back_streams_blocks_resumes_a_break_and_compares_every_block(
     body = s3.S3Object._body
     calls = {"blocks": 0, "broke": 0}
 
-    def breaking(self: Any, stream: Any, buffer: memoryview, late: Any) -> int:
+    def breaking(self: Any, stream: Any, buffer: memoryview, late: Any, last: bool) -> int:
         calls["blocks"] += 1
         if calls["blocks"] == 3 and not calls["broke"]:
             calls["broke"] += 1
             raise s3.Transient("the connection broke (injected)")
-        return body(self, stream, buffer, late)
+        return body(self, stream, buffer, late, last)
 
     monkeypatch.setattr(s3.S3Object, "_body", breaking)
     made = run("normalize", source, f"s3://{BUCKET}/streamed.pth", "-q", "--format", "json")

@@ -118,18 +118,16 @@ class S3Object:
         if got.split("/")[0] != f"bytes {offset}-{end}":
             raise InputError(f"asked for bytes {offset}-{end}, S3 sent Content-Range {got!r}",
                              self.path)
-        try:
-            self._fill_from(answer["Body"], buffer, ends)
-        finally:
-            answer["Body"].close()
+        self._fill_from(answer["Body"], buffer, ends, last=True)
 
-    def _fill_from(self, body: Body, buffer: memoryview, ends: float) -> None:
+    def _fill_from(self, body: Body, buffer: memoryview, ends: float, last: bool) -> None:
         """``buffer`` filled from the body, waited for until ``ends`` (then the body's
-        thread stops writing); a body cut short is ``Transient``."""
+        thread stops writing); a body cut short is ``Transient``. The body is closed by
+        the thread reading it (closing it from here would wait for a dripping read)."""
         late = threading.Event()
         try:
-            done = bounded(lambda: self._body(body, buffer, late), self.transfers, ends,
-                           self.path)
+            done = bounded(lambda: self._body(body, buffer, late, last), self.transfers,
+                           ends, self.path)
         except DeadlineError:
             late.set()
             raise
@@ -137,7 +135,9 @@ class S3Object:
         if done < len(buffer):
             raise Transient(f"the body ended after {done} of {len(buffer)} bytes (truncated)")
 
-    def _body(self, body: Body, buffer: memoryview, late: threading.Event) -> int:
+    def _body(self, body: Body, buffer: memoryview, late: threading.Event, last: bool) -> int:
+        """What arrived of ``buffer``; the body closed after its ``last`` block, or when it
+        broke or was abandoned (a stream goes on with the next block otherwise)."""
         done = 0
         try:
             while done < len(buffer):
@@ -150,6 +150,9 @@ class S3Object:
             meter.add(done, requests=0)
             raise Transient(f"the connection broke after {done} of {len(buffer)} bytes "
                             f"({type(exc).__name__})") from None
+        finally:
+            if last or done < len(buffer):
+                body.close()
         return done
 
     def each_block(self, offset: int, n: int, block: int,
@@ -176,14 +179,18 @@ class S3Object:
         if got.split("/")[0] != f"bytes {start}-{stop - 1}":
             raise InputError(f"asked for bytes {start}-{stop - 1}, S3 sent Content-Range "
                              f"{got!r}", self.path)
-        try:
-            while done[0] < stop:
-                view = buffer[:min(len(buffer), stop - done[0])]
-                self._fill_from(answer["Body"], view, ends)
+        body = answer["Body"]
+        while done[0] < stop:
+            view = buffer[:min(len(buffer), stop - done[0])]
+            last = done[0] + len(view) >= stop
+            self._fill_from(body, view, ends, last)
+            try:
                 take(done[0], view)
-                done[0] += len(view)
-        finally:
-            answer["Body"].close()
+            except BaseException:  # no read in flight: this thread closes it
+                if not last:
+                    body.close()
+                raise
+            done[0] += len(view)
 
     def current_version(self) -> str | None:
         try:
