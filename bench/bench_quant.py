@@ -11,8 +11,9 @@ source counts in RSS but costs no memory):
   ``load_file``, the reference dequantization (transformers'
   ``Fp8Dequantize``) on every weight, ``save_file`` (not verified);
 - ckptport: ``ckptport normalize SRC out.safetensors --dequantize bfloat16``
-  (streamed one weight at a time, fsynced, verified: every weight computed
-  again from the source read afresh and compared with the bytes written).
+  (streamed one weight at a time, fsynced, verified: the file read back and
+  every dequantized weight's bytes held to the CRC-32 of the bytes computed,
+  every other tensor compared with the source read afresh).
 
 Targets: ckptport no slower than the hand-written script, peak private
 memory at most 0.1x its. Run from the repository root:

@@ -19,6 +19,7 @@ payload), ``-0.0`` equals ``0.0``; an element differs when
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
@@ -65,6 +66,13 @@ def _equal(x: memoryview, y: memoryview) -> bool:
     return bool(np.array_equal(np.frombuffer(x, word), np.frombuffer(y, word)))
 
 
+def _crc32(stream: Iterable[bytes | memoryview]) -> int:
+    crc = 0
+    for piece in stream:
+        crc = zlib.crc32(piece, crc)
+    return crc
+
+
 def _pieces(stream: Iterable[bytes | memoryview]) -> Iterator[memoryview]:
     for piece in stream:
         view = memoryview(piece).cast("B")
@@ -75,13 +83,17 @@ def _pieces(stream: Iterable[bytes | memoryview]) -> Iterator[memoryview]:
 def tree_mismatches(expected: Tree, actual: Tree, limit: int = 5,
                     on_tensor: Callable[[int], None] | None = None,
                     expected_pieces: Pieces = chunks, jobs: int | None = None,
-                    ties: bool = True) -> list[str]:
+                    ties: bool = True,
+                    expected_crc: Callable[[TensorLeaf], int | None] | None = None
+                    ) -> list[str]:
     """Up to ``limit`` descriptions of where ``actual`` differs from ``expected``.
 
     ``expected_pieces`` reads an expected tensor's bytes (verification passes
-    an independent reader of the source). Tensor bytes are compared on
-    ``jobs`` threads (default: every core). ``ties=False`` for a format that
-    stores every name on its own (DCP).
+    an independent reader of the source); ``expected_crc`` gives, for a tensor
+    known by the CRC-32 of the bytes written (a computed one), that CRC, which
+    the actual bytes must have. Tensor bytes are compared on ``jobs`` threads
+    (default: every core). ``ties=False`` for a format that stores every name
+    on its own (DCP).
     """
     found: list[str] = []
     pairs: list[tuple[str, TensorLeaf, TensorLeaf]] = []
@@ -90,7 +102,11 @@ def tree_mismatches(expected: Tree, actual: Tree, limit: int = 5,
 
     def compare(pair: tuple[str, TensorLeaf, TensorLeaf]) -> str | None:
         where, a, b = pair
-        if not same_bytes(expected_pieces(a), chunks(b)):
+        crc = None if expected_crc is None else expected_crc(a)
+        if crc is not None:
+            if _crc32(chunks(b)) != crc:
+                return f"{where}: tensor bytes differ from the bytes written (CRC-32)"
+        elif not same_bytes(expected_pieces(a), chunks(b)):
             return f"{where}: tensor bytes differ"
         advance(nbytes(a))
         return None

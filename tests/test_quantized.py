@@ -4,6 +4,7 @@ and dequantized exactly as the schemes' reference libraries do (transformers' in
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from types import SimpleNamespace
@@ -1023,3 +1024,47 @@ def test_each_schemes_step_is_what_its_codes_are_multiplied_by(case, fp8, mxfp4,
         nearest = ratio.round() if grid is None else \
             grid[(ratio.unsqueeze(-1) - grid).abs().argmin(-1)]
         assert torch.allclose(ratio, nearest, rtol=2 ** -7, atol=1e-6), (case, weight.name)
+
+
+# -- verification of dequantized weights: the bytes read back against the CRC-32 written --
+
+
+def test_each_weight_is_computed_once_and_its_written_bytes_verified(fp8, run, tmp_path,
+                                                                     monkeypatch):
+    """Verification reads the file back and compares each dequantized weight's bytes with
+    the CRC-32 of what was computed and written (no second computation); a byte changed
+    in the file after it was written fails the write, which publishes nothing."""
+    from ckptport.quant.fp8_block import Fp8Block
+    from ckptport.writers import safetensors as writer
+
+    calls: list[str] = []
+    original = Fp8Block.dequantize
+
+    def counted(self, weight, parts, dtype):
+        calls.append(weight.name)
+        return original(self, weight, parts, dtype)
+
+    monkeypatch.setattr(Fp8Block, "dequantize", counted)
+    out = tmp_path / "out.safetensors"
+    assert run("normalize", fp8, out, "--dequantize").exit_code == 0
+    assert sorted(calls) == sorted(QUANTIZED)  # once each: written, not computed again
+    expected = {n: _fp8_reference(load_file(fp8)[n], load_file(fp8)[n + "_scale_inv"],
+                                  torch.bfloat16) for n in QUANTIZED}
+    assert all(same_bits(load_file(out)[n], t) for n, t in expected.items())
+
+    write = writer.write_safetensors
+
+    def flip_one_byte(plan, file, advance, tap=None):
+        write(plan, file, advance, tap)
+        entry = plan.entries[QUANTIZED[1]]
+        at = len(plan.header) + entry.start + 7
+        file.flush()
+        (byte,) = os.pread(file.fileno(), 1, at)
+        os.pwrite(file.fileno(), bytes([byte ^ 1]), at)
+
+    monkeypatch.setattr(writer, "write_safetensors", flip_one_byte)
+    bad = tmp_path / "bad.safetensors"
+    result = run("normalize", fp8, bad, "--dequantize")
+    assert result.exit_code != 0
+    assert QUANTIZED[1] in result.stderr and "CRC-32" in result.stderr
+    assert not bad.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,7 +46,11 @@ def chunks(leaf: TensorLeaf, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
         else:
             yield from _memory_chunks(_as_bytes(to_torch(leaf)), size)
     elif isinstance(leaf, Computed):
-        yield from _memory_chunks(_as_bytes(_computed(leaf)), size)
+        crc = 0
+        for piece in _memory_chunks(_as_bytes(_computed(leaf)), size):
+            crc = zlib.crc32(piece, crc)
+            yield piece
+        leaf.streamed[:] = [crc]  # only once the stream is whole
     else:  # ckptport's leaves are the three above
         yield from _memory_chunks(_as_bytes(cast("torch.Tensor", leaf).detach().contiguous()),
                                   size)

@@ -212,8 +212,11 @@ class Computed(_Deferred):
 
     What ``--dequantize`` puts where a quantized weight's codes and scales
     were: the inputs stay lazy leaves, so a writer holds one weight at a
-    time, and verification computes the value again from the inputs read
-    afresh (``compute`` receives real tensors, in ``inputs``' order).
+    time (``compute`` receives real tensors, in ``inputs``' order).
+    ``streamed`` holds the CRC-32 of the bytes the last whole ``chunks``
+    stream gave (what a writer wrote): verification compares the bytes read
+    back with it instead of computing the value a second time; a leaf never
+    streamed whole is computed again from its inputs read afresh.
     """
 
     dtype: DType
@@ -221,6 +224,7 @@ class Computed(_Deferred):
     inputs: tuple[TensorLeaf, ...]
     compute: Callable[..., torch.Tensor]
     device: str = "cpu"
+    streamed: list[int] = field(default_factory=list, compare=False, repr=False)
 
     def value(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The computed tensor, from ``inputs``' values as real tensors (``data.to_torch``

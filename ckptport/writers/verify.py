@@ -126,6 +126,11 @@ class Independent:
         self.close()
 
 
+def _streamed(leaf: TensorLeaf) -> int | None:
+    """A computed tensor's CRC-32 as the writer streamed it (not computed a second time)."""
+    return leaf.streamed[0] if isinstance(leaf, Computed) and leaf.streamed else None
+
+
 def _values(raw: bytearray, leaf: TensorLeaf) -> torch.Tensor:
     """A tensor of ``leaf``'s dtype and shape over the canonical bytes ``raw`` (not copied)."""
     import torch
@@ -144,7 +149,8 @@ def _expect_same(path: Path, expected: Tree, actual: Tree, advance: Advance,
                  jobs: int | None) -> None:
     with Independent() as independent:
         problems = tree_mismatches(expected, actual, on_tensor=advance,
-                                   expected_pieces=independent, jobs=jobs)
+                                   expected_pieces=independent, jobs=jobs,
+                                   expected_crc=_streamed)
     if problems:
         raise VerificationError("written file reads back different: " + "; ".join(problems),
                                 path)
