@@ -475,3 +475,24 @@ def test_folder_mode_from_a_bucket_folder_resumes_splits_and_pins(bucket, zoo, r
     assert not list((tmp_path / "changed" / "b").iterdir())  # nothing written for it
     inside = run("normalize", f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/zoo/out/", "-q")
     assert inside.exit_code == 2 and "lie inside one another" in inside.stderr
+
+
+def _cached_clients() -> int:
+    from ckptport.remote import s3
+
+    return s3._client.cache_info().currsize
+
+
+def test_a_forked_worker_makes_its_own_s3_client(s3):
+    """Folder mode's workers are forked: the parent's boto3 client (and its pooled
+    connections) must not be shared with them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ckptport.remote.deadline import Timeout
+    from ckptport.remote.s3 import client
+
+    client(Timeout.from_env())
+    assert _cached_clients() >= 1
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        assert pool.submit(_cached_clients).result() == 0

@@ -16,6 +16,7 @@ deadline is abandoned (its thread writes nothing more).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ class Body(Protocol):
 
     def close(self) -> None: ...
 
+
 _lock = threading.Lock()
 # the least one request fetches of a split read or a read-ahead: AWS's performance guidance
 # for ranged GETs (8-16 MB), and boto3's own download chunk; each GET costs a request fee
@@ -64,10 +66,20 @@ def _client(endpoint: str | None, timeout: Timeout) -> S3Client:
         return boto3.session.Session().client("s3", config=config)
 
 
+def _forked() -> None:
+    """In a forked child (folder mode's workers): the parent's clients hold its pooled
+    connections, which two processes must never read from at once (each would take the
+    other's answers, or wait for them); the child makes its own, under a fresh lock."""
+    global _lock
+    _lock = threading.Lock()
+    _client.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def client(timeout: Timeout) -> S3Client:
     """The client for the endpoint the environment names (AWS's own when none)."""
-    import os
-
     return _client(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
                    timeout)
 
