@@ -178,7 +178,7 @@ def torchao_config(config: Mapping[str, object] | None, metadata: Mapping[str, s
     return {**(config or {"quant_method": "torchao"}), "torchao": found, "torchao_prefix": prefix}
 
 
-def _described(weight: str, docs: Mapping[str, object], prefix: str) -> dict[str, object] | None:
+def _described(weight: str, docs: Mapping[str, object], prefix: str) -> dict[str, object]:
     """The metadata of ``weight`` (a name in the state dict at ``prefix``): under its path,
     else the one entry a dotted suffix ties to it (the rules took ``model.`` or DDP's
     ``module.`` off the file's names). Several, or none though the file has some: refused,
