@@ -437,6 +437,12 @@ ONE_SRC = "acts only with one SRC, not a folder of checkpoints"
      f"--sign-certificate {ONE_SRC}"),
     (("normalize", "FOLDER", "OUT/o", "--dry-run", "--to", "safetensors", "--anchor", "cuda:1"),
      "--anchor acts only with a pth output, not safetensors"),
+    (("normalize", "FOLDER", "OUT/o", "--create-pr", "--dry-run"),
+     "OUT/o: --create-pr opens a pull request on the hub: DST must be hf://…"),
+    (("verify", "PLAIN", "--public-key", "k.pem", "--output-signature", "x.sig"),
+     "--output-signature acts only with --chain SOURCE"),
+    (("diff", "PLAIN", "PLAIN", "--raw", "--keep", "*", "--map-b", "k.toml"),
+     "--raw compares as stored; it cannot be combined with --keep, --map-b"),
     (("sign", "PLAIN", "--key", "k.pem", "--identity-token", "t"),
      "--identity-token acts only with --sigstore"),
     (("sign", "PLAIN", "--sigstore", "--certificate", "c.pem"),
@@ -458,6 +464,7 @@ def test_an_option_that_would_change_nothing_is_an_error(fx, run, tmp_path, args
         assert run("manifest", fx["plain"], "-o", listed).exit_code == 0
     named = {"PLAIN": str(fx["plain"]), "MANIFEST": str(listed), "FOLDER": str(folder)}
     argv = [named.get(a, a.replace("OUT", str(out))) for a in args]
+    message = message.replace("OUT", str(out))
     result = run(*argv)
     assert (result.exit_code, result.stderr) == (2, f"ckptport: error: {message}\n")
     assert list(out.iterdir()) == []

@@ -107,10 +107,10 @@ def diff(ctx: click.Context, a: Path, b: Path, options: NormalizeOptions,
     2 unreadable input.
     """
     from ..commands.diff import diff as diff_checkpoints
-    if raw and (options != NormalizeOptions() or map_a or map_b):
-        raise click.UsageError("--raw compares as stored; it cannot be combined with "
-                               "--select, --ema, --strip-prefix, --keep-prefixes, --dtype or "
-                               "the key options")
+    given = [*options.given(), *(["--map-a"] if map_a else []), *(["--map-b"] if map_b else [])]
+    if raw and given:
+        raise OptionError(f"--raw compares as stored; it cannot be combined with "
+                          f"{', '.join(given)}")
     if plot is not None:  # a manifest side has no values to draw
         from ..analysis.manifests import is_manifest
         from ..commands.diff import BY_VALUE

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import OptionError
 from ..rules import NormalizeOptions
 from .options import (
     LOCATION,
@@ -91,8 +92,7 @@ def verify_command(ctx: click.Context, src: Path, signatures: tuple[Path, ...],
     if trusted is None:
         raise click.UsageError("verify with --public-key, --certificate-chain or "
                                "--sigstore-identity/--sigstore-issuer")
-    if output_signatures and chain is None:
-        raise click.UsageError("--output-signature goes with --chain SOURCE")
+    OptionError.only_with("--chain SOURCE", chain, [("--output-signature", output_signatures)])
     with progress_bars(quiet) as progress:
         report = verify(src, trusted, signatures=signatures, jobs=jobs, trust=trust, tag=tag,
                         progress=progress) if chain is None else verify_chain(

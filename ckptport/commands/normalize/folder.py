@@ -357,10 +357,10 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     src_dir, dst_dir = _location(src, dst=False), _location(dst, dst=True)
     start = time.monotonic()
     tasks, outcomes, others = plan_folder(src_dir, dst_dir, settings)
+    outputs = outputs_for(dst_dir, settings.create_pr)
     if settings.dry_run:
         outcomes += [FileOutcome(t.source, t.output, Status.PLANNED, "", t.size) for t in tasks]
         return _report(src_dir, dst_dir, outcomes, others, start, settings)
-    outputs = outputs_for(dst_dir, settings.create_pr)
     outputs.ready(settings.part)
     journal = {} if settings.overwrite else outputs.journal()
     key = settings.key()

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import OptionError
+from ...errors import OptionError, OutputError
 from ...remote.urls import RemotePath
 
 if TYPE_CHECKING:
@@ -225,6 +225,10 @@ Outputs = LocalOutputs | BucketOutputs | HubOutputs
 
 
 def outputs_for(dst: Path | RemotePath, create_pr: bool = False) -> Outputs:
+    """Where folder mode writes; ``create_pr`` is the hub's, refused for any other DST."""
+    if create_pr and (isinstance(dst, Path) or dst.url.scheme != "hf"):
+        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
+                          str(dst))
     if isinstance(dst, Path):
         return LocalOutputs(dst)
     if dst.url.scheme == "hf":
