@@ -919,6 +919,13 @@ def test_folder_mode_writes_the_plain_config_beside_each_output(run, tmp_path):
     assert sorted(p.name for p in (out / "nvfp4").iterdir()) == ["config.json",
                                                                   "model.safetensors"]
     assert "quantization_config" not in json.loads((out / "nvfp4" / "config.json").read_text())
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "config.json").write_text("{}")
+    refused = run("normalize", tree, f"{taken}/", "--dequantize")
+    assert refused.exit_code == 2 and "taken/config.json" in refused.stderr
+    assert "--overwrite" in refused.stderr
+    assert sorted(p.name for p in taken.iterdir()) == ["config.json"]
     (tree / "config.json").write_text("{not json")
     broken = run("normalize", tree, f"{tmp_path / 'broken'}/", "--dequantize")
     assert broken.exit_code == 2
