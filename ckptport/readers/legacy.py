@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..checkpoint import Checkpoint, Format
 from ..dtypes import DType
 from ..errors import InputError
-from ..quant.torchao import flatten
+from ..quant.torchao_layout import flatten
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo
 from ..tree import type_name

@@ -20,7 +20,7 @@ from typing import cast
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
 from ..errors import InputError
-from ..quant.torchao import gathered, indexed_as
+from ..quant.torchao_layout import gathered, indexed_as
 from ..tree import Tree
 from .base import Layout, Names, ReadOptions, Source, Where
 from .budget import largest as biggest

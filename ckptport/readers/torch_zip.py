@@ -22,7 +22,7 @@ from ..checkpoint import Checkpoint, Format
 from ..containers.zipfmt import ZipArchive, parse_zip
 from ..dtypes import DType
 from ..errors import CodeArchiveError, InputError
-from ..quant.torchao import flatten
+from ..quant.torchao_layout import flatten
 from ..tensors import Blob, StorageInfo
 from ..unpickle import PickleRefused, Unpickled, unpickle
 from ..unpickle.values import Refusal

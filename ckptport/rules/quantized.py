@@ -30,7 +30,7 @@ from ..quant import (
     config_of,
     recognize,
 )
-from ..quant.torchao import torchao_config
+from ..quant.torchao_layout import torchao_config
 from ..remote.urls import is_remote
 from ..tensors import Computed, to_torch
 from ..tree import (

@@ -26,7 +26,7 @@ from ...errors import (
     VerificationError,
 )
 from ...progress import Progress, no_progress
-from ...quant.torchao import output_metadata
+from ...quant.torchao_layout import output_metadata
 from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import RemotePath, is_remote
 from ...rules import NormalizeOptions, RuleResult, apply_rules
