@@ -86,12 +86,7 @@ def non_finite(checkpoint: Checkpoint, options: NormalizeOptions, scope: str,
         return bad
 
     counts = run_all(count, floats, jobs=jobs, size=lambda item: nbytes(item[1]))
-    reported: set[str] = set()
     for (path, leaf), bad in zip(floats, counts, strict=True):
         if bad:
-            reported.add(format_path((*prefix, *path)))
             yield (format_path((*prefix, *path)),
                    f"{bad} of {leaf.numel()} values are NaN or infinite")
-    from .quantized import dequantized_non_finite
-
-    yield from dequantized_non_finite(checkpoint, reported)

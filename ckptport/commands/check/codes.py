@@ -117,12 +117,15 @@ def _storage_bloat(file: FileUnderCheck) -> Iterable[Hit]:
 
 def _non_finite(file: FileUnderCheck) -> Iterable[Hit]:
     from ...analysis.finite import non_finite
+    from ...analysis.quantized import dequantized_non_finite
 
     assert file.settings.finite is not None  # chosen only with it (``chosen_codes``)
     if not file.values_readable:
         return ()
-    return non_finite(file.checkpoint, file.settings.options, file.settings.finite,
-                      file.settings.progress)
+    stored = list(non_finite(file.checkpoint, file.settings.options, file.settings.finite,
+                             file.settings.progress))
+    # a quantized weight whose codes or scales are the finding is not dequantized again
+    return [*stored, *dequantized_non_finite(file.checkpoint, {key for key, _ in stored})]
 
 
 def _format(file: FileUnderCheck) -> Iterable[Hit]:
