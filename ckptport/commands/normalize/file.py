@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...analysis.manifests import WrittenDigests, build_manifest, write_manifest
-from ...checkpoint import Format, SourceFacts
+from ...checkpoint import Checkpoint, Format, SourceFacts
 from ...errors import (
     InputError,
     OutputError,
@@ -29,15 +30,15 @@ from ...progress import Progress, no_progress
 from ...quant.torchao_layout import output_metadata
 from ...readers import Source, open_checkpoint, resolve
 from ...remote.urls import RemotePath, is_remote
-from ...rules import NormalizeOptions, RuleResult, apply_rules
+from ...rules import Normalized, NormalizeOptions, RuleResult, apply_rules
 from ...rules.quantized import MODEL_CONFIG, plain_config
-from ...rules.recipes import KEY_MAP_SHA256
+from ...rules.recipes import KEY_MAP_SHA256, Recipe
 from ...sources import read_more_than_once
 from ...tree import KEY_PREFIX
 from ...writers import WriteOptions, WriteResult, write_to
 from ...writers.formats import refuse_untaken
 from ...writers.hashname import publish_hashed, staging_destination
-from ...writers.plan import check_destination, plan_destination, same_file
+from ...writers.plan import Destination, check_destination, plan_destination, same_file
 from ...writers.provenance import Provenance
 from ...writers.remote import (
     Message,
@@ -49,6 +50,11 @@ from ...writers.remote import (
 from ...writers.staging import staged_file
 
 if TYPE_CHECKING:
+    from model_signing._signing.signing import Signer
+
+    from ...analysis.digest import Manifest
+    from ...remote.commit import HubStore
+    from ...remote.upload import S3Store
     from ...signing.keys import SigningKey
 
 __all__ = ["NormalizeReport", "normalize_file",
@@ -131,6 +137,159 @@ def _message(source: Source, remote: RemoteDestination, options: NormalizeOption
                    "\n".join(lines))
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """DST planned before a byte of the source is read: what the writer writes (DST, a
+    remote DST's local spool, or ``--hash-name``'s staging file) and the name it ends as."""
+
+    destination: Destination
+    final: Path  # the planned DST (``--hash-name``: the name its sha256 extends)
+    remote: RemoteDestination | None = None
+    hash_name: bool = False
+
+    def published(self, written: WriteResult, overwrite: bool) -> WriteResult:
+        """``--hash-name``: the staged file under its name by sha256 (a local file: refused
+        for a URL when planned)."""
+        if not self.hash_name:
+            return written
+        final = publish_hashed(Path(written.path), self.final, overwrite)
+        return replace(written, path=final, files=(final,))
+
+
+def _plan(dst: str | os.PathLike[str], to: str | None, max_shard_size: int | str | None, *,
+          anchor: str, dcp_key: str | None, metadata: str, hash_name: bool,
+          create_pr: bool) -> _Plan:
+    """DST (local or remote, its format, a shard set or not) with the options that cannot
+    apply to it refused, before the source is opened."""
+    if metadata not in METADATA_CHOICES:
+        raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
+    remote = plan_remote(dst, to, max_shard_size) if is_remote(os.fspath(dst)) else None
+    if remote is None and create_pr:
+        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
+                          os.fspath(dst))
+    if remote is not None and hash_name:
+        raise OutputError("--hash-name names a local file; name the remote object yourself",
+                          remote.url)
+    destination = remote.local if remote is not None else plan_destination(dst, to,
+                                                                             max_shard_size)
+    refuse_untaken(destination.format, anchor=anchor, dcp_key=dcp_key, metadata=metadata)
+    return _Plan(staging_destination(destination) if hash_name else destination,
+                 destination.path, remote, hash_name)
+
+
+def _resolve_source(src: str | os.PathLike[str] | Source, tag: str | None,
+                    plan: _Plan) -> Source:
+    """``src`` resolved as a source read more than once (hashed, read and verified
+    against): fetched bytes are kept; with a remote shard set as DST, a window of one
+    shard's size (local disk: that and the shard being written)."""
+    with read_more_than_once(plan.remote.local.shard_size if plan.remote is not None
+                             else None):
+        return src if isinstance(src, Source) else resolve(src, tag)
+
+
+def _check_outputs(plan: _Plan, source: Source, manifest: str | os.PathLike[str] | None, *,
+                   overwrite: bool, create_pr: bool) -> S3Store | HubStore | None:
+    """What will be written checked against the source and what exists, before the source
+    is read: DST (a remote one's store, to write with, is returned) and the manifest."""
+    store = None
+    if plan.remote is not None:
+        store = check_remote(source.files, plan.remote, overwrite, create_pr)
+    else:
+        check_destination(source.files, plan.destination, overwrite or plan.hash_name)
+    if manifest is not None and any(same_file(Path(manifest), p)
+                                    for p in (*source.files, plan.destination.path)):
+        raise OutputError("is the source or DST; write the manifest elsewhere", manifest)
+    return store
+
+
+def _change_guard(source: Source) -> Callable[[], None]:
+    """The writer's last check before DST appears (its ``precommit``): the source's files
+    are still the ones first seen, or nothing is written."""
+    before = _snapshot(source.files)
+
+    def unchanged() -> None:
+        if _snapshot(source.files) != before:
+            raise InputError("changed while it was read; nothing was written, run again",
+                             source.path)
+
+    return unchanged
+
+
+@dataclass(frozen=True)
+class _Signing:
+    """``--sign`` made ready before anything is written: the key's signer (a bad key fails
+    then) and the attestation's path (refused then if it exists without ``overwrite``)."""
+
+    key: SigningKey
+    signer: Signer
+    path: Path
+
+    @classmethod
+    def ready(cls, key: SigningKey | None, dst: str | os.PathLike[str], plan: _Plan,
+              overwrite: bool) -> _Signing | None:
+        if key is None:
+            return None
+        signer = key.signer()
+        return cls(key, signer, _attestation_path(dst, plan.final, plan.destination.folder,
+                                                  overwrite))
+
+    def sign(self, made: Manifest, written: WriteResult, checkpoint: Checkpoint,
+             options: NormalizeOptions, jobs: int | None) -> None:
+        """Sign the output's manifest; its derivation records the source's weights digest
+        and files, the options, the recipe's sha256 and the tool."""
+        from ...signing import derivation_of, sign_weights
+
+        sign_weights(made, self.key, self.path, Path(str(written.path)).name,
+                     derivation_of(checkpoint, options, jobs=jobs), overwrite=True,
+                     signer=self.signer)
+
+
+def _dequantized_config(plan: _Plan, checkpoint: Checkpoint, results: tuple[RuleResult, ...],
+                        *, beside: bool, overwrite: bool) -> tuple[Path, bytes] | None:
+    """With ``--dequantize``: where the source folder's ``config.json`` without its
+    ``quantization_config`` goes (a shard-set folder DST; beside a file DST if ``beside``;
+    never a remote DST) and its bytes, refused before the write if there already."""
+    destination = plan.destination
+    if plan.remote is not None or not (destination.sharded or beside):
+        return None
+    config_at = (destination.path if destination.sharded else destination.path.parent) \
+        / MODEL_CONFIG
+    plain = plain_config(checkpoint.source.path, results)
+    if plain is None:
+        return None
+    if config_at.exists() and not overwrite:
+        raise OutputExistsError("exists; pass --overwrite to replace it (the dequantized "
+                                "folder's config, without its quantization_config)", config_at)
+    return config_at, plain
+
+
+def _provenance(source: Source, checkpoint: Checkpoint, normalized: Normalized,
+                recipe: Recipe | None, *, records: bool,
+                keep: bool) -> tuple[Provenance, tuple[str, ...]]:
+    """What the output records of its source (``writers.provenance``; a format that
+    ``records`` metadata), and which of the source's own metadata keys it carries."""
+    kept = carried_metadata(checkpoint.source, keep) if records else {}
+    carried = output_metadata(kept, checkpoint.source.metadata, normalized.checkpoint.tree) \
+        if records else {}  # torchao's entries made for the output, whatever the source
+    provenance = Provenance(source.files, _applied(normalized.results), carried,
+                            {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
+    return provenance, tuple(k for k in kept if k in carried)
+
+
+def _manifest_of(checkpoint: Checkpoint, given: NormalizeOptions, recipe: Recipe | None,
+                 digests: WrittenDigests, *, jobs: int | None, progress: Progress) -> Manifest:
+    """The written output's manifest, from the digests taken as its bytes were written."""
+    # the manifest describes DST, which every step already made (selected, stripped,
+    # renamed, cast): checking DST against it must apply none of them again
+    made = build_manifest(checkpoint, NormalizeOptions(
+        select="all" if given.select == "all" else "auto",
+        keep_prefixes=given.keep_prefixes), jobs=jobs, known=digests.done, progress=progress)
+    if recipe is None:
+        return made
+    # what made DST, as its metadata and the report record it
+    return replace(made, made_with={"map": {"path": recipe.path, "sha256": recipe.sha256}})
+
+
 def normalize_file(
     src: str | os.PathLike[str] | Source,
     dst: str | os.PathLike[str],
@@ -201,103 +360,51 @@ def normalize_file(
         RuleError, SelectionError, OptionError: the options cannot apply to this file.
         VerificationError: the written file does not read back bit for bit (DST untouched).
     """
-    if metadata not in METADATA_CHOICES:
-        raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
-    remote = plan_remote(dst, to, max_shard_size) if is_remote(os.fspath(dst)) else None
-    if remote is None and create_pr:
-        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
-                          os.fspath(dst))
-    if remote is not None and hash_name:
-        raise OutputError("--hash-name names a local file; name the remote object yourself",
-                          remote.url)
-    destination = remote.local if remote is not None else plan_destination(dst, to,
-                                                                             max_shard_size)
-    refuse_untaken(destination.format, anchor=anchor, dcp_key=dcp_key, metadata=metadata)
-    final_dst = destination.path
-    if hash_name:
-        destination = staging_destination(destination)
-    # hashed, read and verified: fetched bytes are kept; with a remote shard set as DST, a
-    # window of one shard's size (local disk: that and the shard being written)
-    keep = remote.local.shard_size if remote is not None else None
-    with read_more_than_once(keep):
-        source = src if isinstance(src, Source) else resolve(src, tag)
-    store = None
-    if remote is not None:
-        store = check_remote(source.files, remote, overwrite, create_pr)
-    else:
-        check_destination(source.files, destination, overwrite or hash_name)
-    if manifest is not None and any(same_file(Path(manifest), p)
-                                    for p in (*source.files, destination.path)):
-        raise OutputError("is the source or DST; write the manifest elsewhere", manifest)
-    before = _snapshot(source.files)
-
-    def unchanged() -> None:
-        if _snapshot(source.files) != before:
-            raise InputError("changed while it was read; nothing was written, run again",
-                             source.path)
-
-    signer = None if sign is None else sign.signer()  # a bad key fails before any write
-    attestation = None if sign is None else _attestation_path(dst, final_dst,
-                                                               destination.folder, overwrite)
-    records = destination.format.metadata
-    digests = WrittenDigests() if manifest is not None or sign is not None else None
+    plan = _plan(dst, to, max_shard_size, anchor=anchor, dcp_key=dcp_key, metadata=metadata,
+                 hash_name=hash_name, create_pr=create_pr)
+    source = _resolve_source(src, tag, plan)
+    store = _check_outputs(plan, source, manifest, overwrite=overwrite, create_pr=create_pr)
+    unchanged = _change_guard(source)
+    signing = _Signing.ready(sign, dst, plan, overwrite)
+    # reader -> Checkpoint -> rules (lazy: the writer computes each tensor as it writes it)
     checkpoint = open_checkpoint(source, trust=trust, max_expansion=max_expansion)
     normalized = apply_rules(checkpoint, options, lazy=True)
-    config_at = None
-    if remote is None and (destination.sharded or config_beside):
-        config_at = (destination.path if destination.sharded else destination.path.parent) \
-            / MODEL_CONFIG
-    plain = None if config_at is None else plain_config(checkpoint.source.path,
-                                                          normalized.results)
-    if plain is not None and config_at is not None and config_at.exists() and not overwrite:
-        raise OutputExistsError("exists; pass --overwrite to replace it (the dequantized "
-                                "folder's config, without its quantization_config)", config_at)
-    recipe = (options or NormalizeOptions()).loaded_recipe
-    kept = carried_metadata(checkpoint.source, metadata == "keep") if records else {}
-    carried = output_metadata(kept, checkpoint.source.metadata, normalized.checkpoint.tree) \
-        if records else {}  # torchao's entries made for the output, whatever the source
-    provenance = Provenance(source.files, _applied(normalized.results), carried,
-                            {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
+    config = _dequantized_config(plan, checkpoint, normalized.results, beside=config_beside,
+                                 overwrite=overwrite)
+    given = options or NormalizeOptions()
+    recipe = given.loaded_recipe
+    records = plan.destination.format.metadata
+    provenance, kept = _provenance(source, checkpoint, normalized, recipe, records=records,
+                                   keep=metadata == "keep")
     if hash_source:
         provenance.sha256()  # folder mode's journal wants it whatever the output
+    digests = WrittenDigests() if manifest is not None or sign is not None else None
     write_options = WriteOptions(
         anchor=anchor, overwrite=overwrite or hash_name, verify=verify,
         provenance=provenance if records else None, progress=progress,
         precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
         tap=None if digests is None else digests.tap)
-    written = write_to(normalized.checkpoint, destination, write_options) if remote is None \
-        else write_remote(normalized.checkpoint, remote, write_options, store,
-                          _message(source, remote, options, normalized.results))
-    if plain is not None and config_at is not None:
-        _write_verified(config_at, plain)
+    # -> writer
+    written = write_to(normalized.checkpoint, plan.destination, write_options) \
+        if plan.remote is None else write_remote(
+            normalized.checkpoint, plan.remote, write_options, store,
+            _message(source, plan.remote, options, normalized.results))
+    # the after-steps, on the written and verified output
+    if config is not None:
+        _write_verified(*config)
     sha256 = provenance.known_sha256()
-    if hash_name:  # a local file (refused above for a URL)
-        final = publish_hashed(Path(written.path), final_dst, overwrite)
-        written = replace(written, path=final, files=(final,))
-    made = None
-    if digests is not None:
-        # the manifest describes DST, which every step already made (selected, stripped,
-        # renamed, cast): checking DST against it must apply none of them again
-        given = options or NormalizeOptions()
-        made = build_manifest(normalized.checkpoint, NormalizeOptions(
-            select="all" if given.select == "all" else "auto",
-            keep_prefixes=given.keep_prefixes), jobs=jobs, known=digests.done,
-            progress=progress)
-        if recipe is not None:  # what made DST, as its metadata and the report record it
-            made = replace(made, made_with={"map": {"path": recipe.path,
-                                                    "sha256": recipe.sha256}})
-        if manifest is not None:
-            write_manifest(made, manifest)
-    if sign is not None and made is not None and attestation is not None:
-        from ...signing import derivation_of, sign_weights
-
-        sign_weights(made, sign, attestation, Path(str(written.path)).name,
-                     derivation_of(checkpoint, options or NormalizeOptions(), jobs=jobs),
-                     overwrite=True, signer=signer)
+    written = plan.published(written, overwrite)
+    made = None if digests is None else _manifest_of(normalized.checkpoint, given, recipe,
+                                                     digests, jobs=jobs, progress=progress)
+    if manifest is not None and made is not None:
+        write_manifest(made, manifest)
+    if signing is not None and made is not None:
+        signing.sign(made, written, checkpoint, given, jobs)
     return NormalizeReport(checkpoint.source, sha256, normalized.results, written,
                            None if manifest is None else Path(manifest),
-                           None if made is None else made.digest, attestation=attestation,
-                           metadata_kept=tuple(k for k in kept if k in carried),
+                           None if made is None else made.digest,
+                           attestation=None if signing is None else signing.path,
+                           metadata_kept=kept,
                            map_sha256=None if recipe is None else recipe.sha256)
 
 

@@ -362,16 +362,34 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         outcomes += [FileOutcome(t.source, t.output, Status.PLANNED, "", t.size) for t in tasks]
         return _report(src_dir, dst_dir, outcomes, others, start, settings)
     outputs.ready(settings.part)
+    todo, skipped = _not_done_before(tasks, outputs, settings)
+    outcomes += skipped
+    outcomes += _convert_all(todo, outputs, settings, progress)
+    outcomes, notes = _finish(outcomes, outputs, src_dir, settings)
+    return _report(src_dir, dst_dir, outcomes, others, start, settings, notes)
+
+
+def _not_done_before(tasks: list[_Task], outputs: Outputs, settings: FolderOptions
+                     ) -> tuple[list[_Task], list[FileOutcome]]:
+    """The tasks to run, and those the journal says are done (``overwrite``: none)."""
     journal = {} if settings.overwrite else outputs.journal()
     key = settings.key()
-    todo = []
+    todo, skipped = [], []
     for task in tasks:
         if _done_before(task, outputs, journal.get(task.output), key):
-            outcomes.append(FileOutcome(task.source, task.output, Status.SKIPPED,
-                                        "converted before from the same bytes and options",
-                                        task.size))
+            skipped.append(FileOutcome(task.source, task.output, Status.SKIPPED,
+                                       "converted before from the same bytes and options",
+                                       task.size))
         else:
             todo.append(task)
+    return todo, skipped
+
+
+def _convert_all(todo: list[_Task], outputs: Outputs, settings: FolderOptions,
+                 progress: Progress) -> list[FileOutcome]:
+    """Every task's outcome, each converted file journalled as it finishes; Ctrl-C says
+    what was kept."""
+    outcomes: list[FileOutcome] = []
     files_bar = progress("files", len(todo))
     bytes_bar = progress("bytes", sum(t.size for t in todo))
     try:
@@ -383,19 +401,26 @@ def normalize_folder(src: str | os.PathLike[str], dst: str | os.PathLike[str],
             bytes_bar(done.outcome.bytes_in)
     except KeyboardInterrupt:
         finished = sum(1 for o in outcomes if o.status is Status.CONVERTED)
-        kept = "nothing was committed" if isinstance(dst_dir, RemotePath) and \
-            dst_dir.url.scheme == "hf" else f"{finished} files converted and kept (journalled)"
+        kept = "nothing was committed" if isinstance(outputs, HubOutputs) \
+            else f"{finished} files converted and kept (journalled)"
         raise KeyboardInterrupt(f"interrupted; {kept}; nothing else was written; run again "
                                 "to resume") from None
+    return outcomes
+
+
+def _finish(outcomes: list[FileOutcome], outputs: Outputs, src: Where,
+            settings: FolderOptions) -> tuple[list[FileOutcome], tuple[str, ...]]:
+    """The outputs finished (a hub DST_DIR: its one commit, made only if no file failed)
+    and the outcomes as they stand then, with the notes the finish made."""
     failed = any(o.status is Status.FAILED for o in outcomes)
-    notes = outputs.finish(not failed, f"Convert the checkpoints of {src_dir} with ckptport",
+    notes = outputs.finish(not failed, f"Convert the checkpoints of {src} with ckptport",
                            _description(outcomes, settings))
     if failed and isinstance(outputs, HubOutputs):  # the one commit was not made
         outcomes = [o if o.status is not Status.CONVERTED else replace(
             o, status=Status.FAILED, reason="converted and uploaded, not committed: another "
             "file failed, and one commit holds them all; nothing was committed")
             for o in outcomes]
-    return _report(src_dir, dst_dir, outcomes, others, start, settings, notes)
+    return outcomes, notes
 
 
 def _description(outcomes: list[FileOutcome], settings: FolderOptions) -> str:
