@@ -493,6 +493,23 @@ def test_the_python_api_refuses_an_option_given_twice(fx):
                         dequantize="bfloat16")
 
 
+def test_read_options_with_a_checkpoint_read_already_are_errors(fx):
+    """``diff``, ``manifest`` and ``inspect`` take a ``Checkpoint``: the options of a read
+    would be ignored for it."""
+    import ckptport
+
+    read = ckptport.read(fx["plain"])
+    already = "only with a path to read, not a Checkpoint (read already)"
+    for attempt, named in ((lambda: ckptport.diff(read, read, trust=True), "trust"),
+                           (lambda: ckptport.manifest(read, max_expansion=4.0),
+                            "max_expansion"),
+                           (lambda: ckptport.inspect(read, tag="global_step1"), "tag")):
+        with pytest.raises(ckptport.OptionError) as caught:
+            attempt()
+        assert str(caught.value) == f"{named} acts {already}"
+    assert ckptport.diff(read, fx["plain"], max_expansion=4.0).equal  # one side is read here
+
+
 @pytest.mark.parametrize("command", ["inspect", "diff", "manifest"])
 def test_a_folder_of_checkpoints_is_listed_with_what_fits_the_command(fx, run, tmp_path,
                                                                       command):

@@ -23,7 +23,7 @@ from ..analysis.manifests import (
 from ..checkpoint import Checkpoint
 from ..errors import OptionError, RuleError
 from ..progress import Progress, no_progress
-from ..readers import open_checkpoint, tag_for, tag_somewhere
+from ..readers import open_checkpoint, read_already, tag_for, tag_somewhere
 from ..rules import NormalizeOptions, Recipe
 
 __all__ = ["diff", "DiffReport", "BY_VALUE"]
@@ -78,6 +78,8 @@ def diff(
     if raw and (options is not None or map_a is not None or map_b is not None):
         raise OptionError("raw=True compares as stored; it takes no normalize options")
     tolerance = Tolerance(atol, rtol, cast)
+    if all(isinstance(x, Checkpoint) for x in (a, b)):
+        read_already(trust, max_expansion, tag)
     tag_somewhere((a, b), tag)
     if any(not isinstance(x, Checkpoint) and is_manifest(x) for x in (a, b)):
         if map_a is not None or map_b is not None:

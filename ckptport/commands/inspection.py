@@ -12,7 +12,7 @@ import os
 
 from ..analysis.survey import DEFAULT_DEPTH, InspectReport, survey
 from ..checkpoint import Checkpoint
-from ..readers import open_checkpoint
+from ..readers import open_checkpoint, read_already
 from ..sources import sha256_files
 
 __all__ = ["inspect", "InspectReport"]
@@ -34,8 +34,11 @@ def inspect(path: str | os.PathLike[str] | Checkpoint, *, depth: int = DEFAULT_D
         recorded devices, wrapper prefixes, blocking objects and globals.
 
     Raises:
+        OptionError: ``tag`` with a ``Checkpoint`` (read already).
         CkptportError: the path cannot be read at all.
     """
+    if isinstance(path, Checkpoint):
+        read_already(tag=tag)
     checkpoint = path if isinstance(path, Checkpoint) else \
         open_checkpoint(path, lenient=True, tag=tag)
     sha256 = sha256_files(checkpoint.source.files) if with_hash else None

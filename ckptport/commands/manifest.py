@@ -11,7 +11,7 @@ import os
 from ..analysis.manifests import Manifest, manifest_of, write_manifest
 from ..checkpoint import Checkpoint
 from ..progress import Progress, no_progress
-from ..readers import open_checkpoint
+from ..readers import open_checkpoint, read_already
 from ..rules import NormalizeOptions
 
 __all__ = ["manifest", "write_manifest"]
@@ -37,8 +37,11 @@ def manifest(src: str | os.PathLike[str] | Checkpoint,
         same for the same weights in any container.
 
     Raises:
+        OptionError: ``trust``, ``max_expansion`` or ``tag`` with a ``Checkpoint`` (read).
         CkptportError: the source cannot be read or normalized.
     """
+    if isinstance(src, Checkpoint):
+        read_already(trust, max_expansion, tag)
     checkpoint = src if isinstance(src, Checkpoint) else \
         open_checkpoint(src, trust=trust, max_expansion=max_expansion, tag=tag)
     return manifest_of(checkpoint, options, jobs=jobs, progress=progress)

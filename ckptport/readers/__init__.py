@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["read", "describe", "resolve", "open_checkpoint", "load_bytes", "materialize",
            "READERS", "Reader", "LayoutReader", "Layout", "ReadOptions", "Source",
            "NotDescribable", "layout_of", "is_checkpoint_folder", "is_folder_of_checkpoints",
-           "check_named", "tag_for", "tag_somewhere"]
+           "check_named", "tag_for", "tag_somewhere", "read_already"]
 
 
 def layout_of(folder: Where, names: Names, name: str | None = None, tag: str | None = None
@@ -248,6 +248,14 @@ def open_checkpoint(path: str | os.PathLike[str] | Source, *, trust: bool = Fals
         if lenient and exc.dangerous:
             return _names_only(source, exc)
         raise
+
+
+def read_already(trust: bool = False, max_expansion: float | None = None,
+                 tag: str | None = None) -> None:
+    """For an API handed a ``Checkpoint`` instead of a path: the options of a read, given,
+    would be ignored (it is read already), so each is an ``OptionError``."""
+    OptionError.only_with("a path to read, not a Checkpoint (read already)", False, [
+        ("trust", trust), ("max_expansion", max_expansion), ("tag", tag)])
 
 
 def _names_only(source: Source, exc: CkptportError) -> Checkpoint:
