@@ -1,8 +1,9 @@
 """Checkpoints where they live: ``hf://``, ``s3://`` and ``http(s)://`` sources, read by range.
 
 A URL becomes a ``RemotePath`` (``location``), the path-like that prints
-its redacted URL; ``folder_names`` lists a hub folder for the readers' layouts (a hub
-repository reads as its weights, as a local Hugging Face folder does); opening it
+its redacted URL; ``folder_names`` lists a hub or bucket folder for the readers' layouts
+(a hub repository reads as its weights, as a local Hugging Face folder does), and
+``folder_files`` every file below one for folder mode's walk; opening a location
 gives a ``RemoteFile``, a ``SourceFile``, after which every reader, rule,
 writer and report works as on a local file and cannot tell the difference.
 ``readers.resolve`` calls ``readers.remote`` for a URL, which uses this
@@ -48,9 +49,9 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
     ``/``), for the readers' layouts to decide from; None when it names an object.
 
     A hub repository (or a folder of one) and a bucket folder are listed; a web server
-    cannot be listed. When the command will
-    read its source again (``sources.read_more_than_once``), the objects keep what they
-    fetch, this one and the shards next to it (they share ``pins``).
+    cannot be listed. When the command will read its source again
+    (``sources.read_more_than_once``), the objects keep what they fetch, this one and the
+    shards next to it (they share ``pins``).
     """
     from ..sources import rereads_expected
 
@@ -63,31 +64,28 @@ def folder_names(path: RemotePath) -> frozenset[str] | None:
         from .s3 import folder_names as bucket_names
 
         return bucket_names(path)
-    if url.scheme != "hf":
-        raise InputError("names a folder, and a web server cannot be listed: name a "
-                         "checkpoint file or a *.index.json", path)
-    from .hub import repo_files
-
-    folder = url.key.strip("/")
-    prefix = f"{folder}/" if folder else ""
-    inner = [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)]
-    return frozenset(n if "/" not in n else n.split("/", 1)[0] + "/" for n in inner)
+    return frozenset(n if "/" not in n else n.split("/", 1)[0] + "/" for n in _hub_files(path))
 
 
 def folder_files(path: RemotePath) -> tuple[str, ...]:
     """Every file below the folder ``path`` names (a bucket folder, a hub repository or a
     folder of one), relative to it, in name order: what folder mode walks, as ``os.walk``
     walks a local folder."""
-    url = path.url
-    if url.scheme == "s3":
+    if path.url.scheme == "s3":
         from .s3 import folder_files as bucket_files
 
         return bucket_files(path)
-    if url.scheme != "hf":
+    return tuple(sorted(_hub_files(path)))
+
+
+def _hub_files(path: RemotePath) -> list[str]:
+    """Every file below the hub folder ``path`` names, relative to it (the repository's
+    listing is whole, so both views come from it); a web server cannot be listed."""
+    if path.url.scheme != "hf":
         raise InputError("names a folder, and a web server cannot be listed: name a "
                          "checkpoint file or a *.index.json", path)
     from .hub import repo_files
 
-    folder = url.key.strip("/")
+    folder = path.url.key.strip("/")
     prefix = f"{folder}/" if folder else ""
-    return tuple(sorted(f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)))
+    return [f[len(prefix):] for f in repo_files(path) if f.startswith(prefix)]
