@@ -425,10 +425,13 @@ def _upload_zoo(client: Any, zoo: Path, prefix: str) -> list[str]:
 def test_folder_mode_from_a_bucket_folder_resumes_splits_and_pins(bucket, zoo, run, tmp_path):
     """``normalize s3://…/zoo/ s3://…/clean/`` (and into a local folder) as local folder mode:
     the same outputs, resumed after an interrupted run, split by ``--part``; a source that
-    changes after it was listed is refused by name, the others converted."""
+    changes after it was listed is refused by name, the others converted. The empty objects
+    a console's "Create folder" leaves (``zoo/a/``) are folders, as a local walk sees them."""
     from ckptport.commands.normalize import FolderOptions, normalize_folder
 
     _upload_zoo(bucket, zoo, "zoo/")
+    for marker in ("zoo/", "zoo/a/", "zoo/empty/"):
+        bucket.put_object(Bucket=BUCKET, Key=marker, Body=b"")
     local = _folder(run, zoo, tmp_path / "local", "--to", "safetensors")
     assert local["counts"]["converted"] == 3
     here = _folder(run, f"s3://{BUCKET}/zoo/", tmp_path / "here", "--to", "safetensors")

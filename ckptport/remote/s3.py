@@ -260,8 +260,9 @@ def folder_names(path: RemotePath) -> frozenset[str]:
 
 def folder_files(path: RemotePath) -> tuple[str, ...]:
     """Every object below the bucket folder ``path`` names, relative to it, in name order
-    (folder mode's walk over a bucket folder)."""
-    return tuple(sorted(_listed(path, "")))
+    (folder mode's walk over a bucket folder). An empty object named ``…/`` (what a console's
+    "Create folder" leaves) is a folder, as the delimited listing sees it, not a file."""
+    return tuple(sorted(name for name in _listed(path, "") if not name.endswith("/")))
 
 
 def _listed(path: RemotePath, delimiter: str) -> set[str]:
