@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 
 from ..checkpoint import Checkpoint
 from ..dtypes import dtype_of
@@ -32,7 +32,7 @@ from ..rules.quantized import quantization_of
 from ..rules.recipes import recipe_from_json
 from ..tensors import ViewKey, chunks, nbytes, view_key
 from ..tree import TensorLeaf, format_path, iter_tensors
-from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, TieBy, weights_digest
+from .digest import SCHEMA, TIE_BY, VERSION, Manifest, TensorEntry, weights_digest
 from .ties import canonical_ties, declared_ties
 
 __all__ = ["Manifest", "TensorEntry", "ManifestComparison", "SCHEMA", "VERSION", "manifest_of",
@@ -314,7 +314,7 @@ class _Fields:
                              f"{', '.join(TIE_BY)}", target)
         return TensorEntry(self.get(item, "name", str, where), self.get(item, "dtype", str, where),
                            sizes, self.get(item, "nbytes", int, where), sha,
-                           tuple(str(t) for t in tied), alias_of, cast("TieBy | None", tie_by))
+                           tuple(str(t) for t in tied), alias_of, tie_by)
 
 
 def manifest_options(made: Manifest) -> NormalizeOptions:

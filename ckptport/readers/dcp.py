@@ -43,7 +43,8 @@ from .layouts import or_problem
 
 if TYPE_CHECKING:
     import torch
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import Metadata
 
     from ..tree import Key, Tree
@@ -188,7 +189,8 @@ def _byte_item(folder: Path, fqn: str, data: bytes) -> Tree:
 
 def _reader_and_planner(folder: Path, metadata: Metadata
                         ) -> tuple[FileSystemReader, DefaultLoadPlanner]:
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.planner import ReadItem
 
     class SafeReader(FileSystemReader):
@@ -353,9 +355,9 @@ def _item(folder: Path, fqn: str, item: object, metadata: Metadata, data_bytes: 
     """One item read by DCP's own loader: a tensor into one allocated after its chunks were
     proven to tile it, anything else by ckptport's readers (``_byte_item``)."""
     import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     value: torch.Tensor | None = None
     if isinstance(item, TensorStorageMetadata):
@@ -367,7 +369,7 @@ def _item(folder: Path, fqn: str, item: object, metadata: Metadata, data_bytes: 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
+            load(loaded, storage_reader=reader, planner=planner, no_dist=True)
     except CkptportError as exc:
         raise exc.at(folder) from None
     except (Exception, CheckpointException) as exc:  # torch reports broken files many ways

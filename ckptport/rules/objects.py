@@ -196,7 +196,7 @@ def _array(array: npt.NDArray[np.generic]) -> tuple[Tree, str]:
             return np.datetime_as_string(cast("npt.NDArray[np.datetime64]", array)).tolist(), ""
         if array.dtype.kind == "m":
             return [str(v) for v in array.ravel()], ""
-        if array.dtype.kind == "g" or array.dtype.kind == "f":
+        if array.dtype.kind == "f":
             return _array(array.astype(np.float64))[0], " (rounded to float64)"
         return array.tolist(), ""
     data = np.ascontiguousarray(native).tobytes()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
 
 from .. import dtypes
 from ..dtypes import DType
@@ -78,7 +77,7 @@ def _device(kind: object, index: object = None) -> Device:
 def _layout(name: object) -> Marker:
     if name not in _LAYOUTS:
         raise Refusal(f"torch.serialization._get_layout({name!r}) names no layout")
-    return Marker(cast(str, name), "layout")  # one of _LAYOUTS
+    return Marker(name, "layout")  # one of _LAYOUTS
 
 
 def _view(storage: object, offset: object, size: object, stride: object, dtype: DType

@@ -59,7 +59,8 @@ class DcpWriter:
 
     def write(self, checkpoint: Checkpoint, destination: Destination,
               options: WriteOptions) -> WriteResult:
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save
 
         from ..readers import open_checkpoint
 
@@ -76,7 +77,7 @@ class DcpWriter:
                 advance = options.progress(f"writing {folder.name}", total)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    dcp.save(tree, storage_writer=dcp.FileSystemWriter(staging), no_dist=True)
+                    save(tree, storage_writer=FileSystemWriter(staging), no_dist=True)
                 advance(total)
                 if options.verify:  # against the source read again, not what was handed on
                     with Independent() as independent:
