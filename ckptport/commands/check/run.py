@@ -124,7 +124,10 @@ def check(
         A ``CheckReport``: findings per file, files skipped, and the exit code.
 
     Raises:
-        OptionError: an unknown code or finite scope.
+        OptionError: an unknown code or finite scope; a code asked for without the input it
+            needs (``CheckCode.needs``: ``codes=["CKP009"]`` without ``against``), an input
+            whose code is left out, or an argument that would change nothing (``atol``
+            without ``against``, ``trusted`` without ``verify_signature``).
         CkptportError: the reference, manifest or signature cannot be read or does not
             verify (a checked file that cannot be read is a CKP008 finding, not an error).
     """
