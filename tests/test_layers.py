@@ -157,3 +157,12 @@ def test_no_command_imports_another_command():
                      for target in targets if _room(target) == "commands"
                      and _command(target) not in ("", _command(module)))
     assert between == []
+
+
+MAX_LINES = 450  # a module past this holds two concerns: split it where they part
+
+
+def test_no_module_is_too_long():
+    long = sorted(f"{module} ({lines} lines)" for module, (path, _) in MODULES.items()
+                  if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES)
+    assert long == []
