@@ -402,6 +402,23 @@ def test_normalize_sign_records_the_derivation(chained, pki, signed):
     assert derivation["tool"].startswith("ckptport ")
 
 
+def test_normalize_sign_with_hash_name_lies_beside_the_hashed_name(signed, pki, run, tmp_path):
+    """``--hash-name`` names the file once hashed: the attestation lies beside that name,
+    where ``verify`` looks, and one beside it already is refused before the file appears."""
+    report = ckptport.normalize_file(signed["key"], tmp_path / "out.pth", hash_name=True,
+                                     sign=_key(pki))
+    final = Path(report.output.path)
+    assert report.attestation == final.with_name(f"{final.name}.weights.sig")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name, report.attestation.name]
+    result = run("verify", final, "--public-key", pki["pub"])
+    assert result.exit_code == 0, result.output
+    final.unlink()
+    again = run("normalize", signed["key"], tmp_path / "out.pth", "--hash-name", "--sign",
+                pki["key"], "-q")
+    assert again.exit_code == 2 and f"{report.attestation}: exists" in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [report.attestation.name]
+
+
 def test_verify_chain_re_derives_the_output(chained, signed, pki, run, tmp_path):
     result = run("verify", chained["out"], "--chain", signed["key"], "--public-key", pki["pub"])
     assert result.exit_code == 0, result.output

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CkptportError, OutputError, OutputExistsError, OutputOSError
@@ -56,8 +57,12 @@ def _check_hub_reads(dst: Path, sha256: str) -> Path:
     return final
 
 
-def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
-    """Rename the written file to its hashed name; the temporary file never stays behind."""
+def publish_hashed(written: Path, dst: Path, overwrite: bool,
+                   before: Callable[[Path], object] | None = None) -> Path:
+    """Rename the written file to its hashed name; the temporary file never stays behind.
+    ``before`` is called with that name before the rename (what lies beside it checked
+    once the name is known: ``normalize --sign``'s attestation); what it raises leaves
+    nothing."""
     try:
         digest = hashlib.sha256()
         with written.open("rb") as f:
@@ -66,6 +71,8 @@ def publish_hashed(written: Path, dst: Path, overwrite: bool) -> Path:
         final = _check_hub_reads(dst, digest.hexdigest())
         if final.exists() and not overwrite:
             raise OutputExistsError(f"{final.name} exists; pass --overwrite to replace it", dst)
+        if before is not None:
+            before(final)
         os.replace(written, final)
         fsync_dir(final.parent)
         return final

@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,12 +148,13 @@ class _Plan:
     remote: RemoteDestination | None = None
     hash_name: bool = False
 
-    def published(self, written: WriteResult, overwrite: bool) -> WriteResult:
+    def published(self, written: WriteResult, overwrite: bool,
+                  before: Callable[[Path], object] | None = None) -> WriteResult:
         """``--hash-name``: the staged file under its name by sha256 (a local file: refused
-        for a URL when planned)."""
+        for a URL when planned), ``before`` called with that name first."""
         if not self.hash_name:
             return written
-        final = publish_hashed(Path(written.path), self.final, overwrite)
+        final = publish_hashed(Path(written.path), self.final, overwrite, before)
         return replace(written, path=final, files=(final,))
 
 
@@ -218,11 +220,13 @@ def _change_guard(source: Source) -> Callable[[], None]:
 @dataclass(frozen=True)
 class _Signing:
     """``--sign`` made ready before anything is written: the key's signer (a bad key fails
-    then) and the attestation's path (refused then if it exists without ``overwrite``)."""
+    then) and the attestation's path (refused then if it exists without ``overwrite``).
+    With ``--hash-name`` the path waits for the file's name (``at``, called as the file
+    is named): the attestation lies beside that name, where ``verify`` looks."""
 
     key: SigningKey
     signer: Signer
-    path: Path
+    path: Path | None  # None until ``--hash-name``'s name is known
 
     @classmethod
     def ready(cls, key: SigningKey | None, dst: str | os.PathLike[str], plan: _Plan,
@@ -230,8 +234,13 @@ class _Signing:
         if key is None:
             return None
         signer = key.signer()
-        return cls(key, signer, _attestation_path(dst, plan.final, plan.destination.folder,
-                                                  overwrite))
+        return cls(key, signer, None if plan.hash_name else _attestation_path(
+            dst, plan.final, plan.destination.folder, overwrite))
+
+    def at(self, final: Path, overwrite: bool) -> _Signing:
+        """The attestation beside ``final`` (the name ``--hash-name`` gave the file),
+        refused if it exists without ``overwrite``."""
+        return replace(self, path=_attestation_path(final, final, False, overwrite))
 
     def sign(self, made: Manifest, written: WriteResult, checkpoint: Checkpoint,
              options: NormalizeOptions, jobs: int | None) -> None:
@@ -239,6 +248,7 @@ class _Signing:
         and files, the options, the recipe's sha256 and the tool."""
         from ...signing import derivation_of, sign_weights
 
+        assert self.path is not None  # ``at`` named it when the file was named
         sign_weights(made, self.key, self.path, Path(str(written.path)).name,
                      derivation_of(checkpoint, options, jobs=jobs), overwrite=True,
                      signer=self.signer)
@@ -393,7 +403,10 @@ def normalize_file(
     if config is not None:
         _write_verified(*config)
     sha256 = provenance.known_sha256()
-    written = plan.published(written, overwrite)
+    written = plan.published(written, overwrite, None if signing is None else partial(
+        signing.at, overwrite=overwrite))  # --hash-name: the attestation checked by its name
+    if signing is not None and signing.path is None:
+        signing = signing.at(Path(written.path), overwrite=True)  # checked as it was named
     made = None if digests is None else _manifest_of(normalized.checkpoint, given, recipe,
                                                      digests, jobs=jobs, progress=progress)
     if manifest is not None and made is not None:
