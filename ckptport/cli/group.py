@@ -54,13 +54,6 @@ class Group(click.Group):
         except click.UsageError as exc:  # the group's own options: one line too
             _fail(ctx, exc.format_message(), EXIT_ERROR, False, "UsageError")
 
-    def resolve_command(self, ctx: click.Context, args: list[str]
-                        ) -> tuple[str | None, click.Command | None, list[str]]:
-        name, command, rest = super().resolve_command(ctx, args)
-        if command is not None:
-            _one_flag_each(command, rest)
-        return name, command, rest
-
     def invoke(self, ctx: click.Context) -> object:
         from ..remote import Timeout, Transfers, meter
 
@@ -113,27 +106,6 @@ def _fail(ctx: click.Context, line: str, code: int, debug: bool, kind: str,
     except BrokenPipeError:
         _stdout_closed(ctx)
     ctx.exit(code)
-
-
-def _one_flag_each(command: click.Command, args: list[str]) -> None:
-    """Refuse what click would settle by keeping the last without a word, ignoring the
-    rest: two flags that set one value (``--ema`` and ``--prefer-ema``, ``--verify`` and
-    ``--no-verify``), an option of one value given twice (``--dtype a --dtype b``). The
-    same flag twice is one flag."""
-    given = [arg.partition("=")[0] for arg in args[:args.index("--") if "--" in args else None]]
-    flags: dict[str, list[str]] = {}
-    for param in command.params:
-        if not isinstance(param, click.Option) or param.name is None:
-            continue
-        for names in (param.opts, param.secondary_opts):
-            named = [arg for arg in given if arg in names]
-            if named:
-                flags.setdefault(param.name, []).append(named[0])
-            if len(named) > 1 and not (param.multiple or param.is_flag or param.count):
-                raise click.UsageError(f"{named[0]} given {len(named)} times: give it once")
-    for chosen in flags.values():
-        if len(chosen) > 1:
-            raise click.UsageError(f"{' and '.join(chosen)} set one thing: give one of them")
 
 
 def _format_named(args: list[str]) -> str | None:

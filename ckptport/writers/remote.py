@@ -45,10 +45,13 @@ if TYPE_CHECKING:
     from ..remote.commit import HubStore
     from ..remote.upload import S3Store
 
-__all__ = ["RemoteDestination", "Message", "plan_remote", "check_remote", "write_remote"]
+__all__ = ["RemoteDestination", "Message", "plan_remote", "check_remote", "write_remote",
+           "OFF_THE_HUB"]
 
 
 WRITTEN = ("s3", "hf")  # the schemes written
+# --create-pr given for a DST that is not a hub repository (a bucket, a local path)
+OFF_THE_HUB = "--create-pr opens a pull request on the hub: DST must be hf://…"
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,7 @@ def _store(destination: RemoteDestination, create_pr: bool) -> S3Store | HubStor
 
         return HubStore(destination.url, destination.local.sharded, create_pr)
     if create_pr:
-        raise OutputError("--create-pr opens a pull request on the hub; an s3:// destination "
-                          "has none", destination.url)
+        raise OutputError(OFF_THE_HUB, destination.url)
     from ..remote.upload import S3Store
 
     return S3Store(destination.url)  # parts in flight: the command's ``--connections``

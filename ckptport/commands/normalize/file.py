@@ -42,6 +42,7 @@ from ...writers.hashname import publish_hashed, staging_destination
 from ...writers.plan import Destination, check_destination, plan_destination, same_file
 from ...writers.provenance import Provenance
 from ...writers.remote import (
+    OFF_THE_HUB,
     Message,
     RemoteDestination,
     check_remote,
@@ -167,8 +168,7 @@ def _plan(dst: str | os.PathLike[str], to: str | None, max_shard_size: int | str
         raise RuleError(f"--metadata {metadata}: choose one of {', '.join(METADATA_CHOICES)}")
     remote = plan_remote(dst, to, max_shard_size) if is_remote(os.fspath(dst)) else None
     if remote is None and create_pr:
-        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
-                          os.fspath(dst))
+        raise OutputError(OFF_THE_HUB, os.fspath(dst))
     if remote is not None and hash_name:
         raise OutputError("--hash-name names a local file; name the remote object yourself",
                           remote.url)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import OptionError, OutputError
 from ...remote.urls import RemotePath
+from ...writers.remote import OFF_THE_HUB
 
 if TYPE_CHECKING:
     from ...remote.commit import HubStore, Uploaded
@@ -227,8 +228,7 @@ Outputs = LocalOutputs | BucketOutputs | HubOutputs
 def outputs_for(dst: Path | RemotePath, create_pr: bool = False) -> Outputs:
     """Where folder mode writes; ``create_pr`` is the hub's, refused for any other DST."""
     if create_pr and (isinstance(dst, Path) or dst.url.scheme != "hf"):
-        raise OutputError("--create-pr opens a pull request on the hub: DST must be hf://…",
-                          str(dst))
+        raise OutputError(OFF_THE_HUB, str(dst))
     if isinstance(dst, Path):
         return LocalOutputs(dst)
     if dst.url.scheme == "hf":
