@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .tensors import StorageInfo, TensorInfo, group_by_storage
 from .tree import (
@@ -28,6 +27,9 @@ from .tree import (
     map_tree,
     rebuild_dict,
 )
+
+if TYPE_CHECKING:
+    from .remote.urls import Where
 
 __all__ = ["Format", "SourceFacts", "Checkpoint", "KeyPath", "TensorInfo", "StorageInfo",
            "format_path", "is_tensor", "iter_tensors", "map_tree", "rebuild_dict",
@@ -92,7 +94,7 @@ class SourceFacts:
     finding names the rank file that carries it, not the folder).
     """
 
-    path: Path
+    path: Where
     format: Format
     size: int
     storage_locations: Mapping[str, int] = field(default_factory=dict)
@@ -101,13 +103,13 @@ class SourceFacts:
     metadata: Mapping[str, str] = field(default_factory=dict)
     trusted: bool = False
     refused_globals: tuple[str, ...] = ()
-    files: tuple[Path, ...] = ()
+    files: tuple[Where, ...] = ()
     spellings: Mapping[str, str] = field(default_factory=dict)
     unproven: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     materialized: int = 0  # bytes the pickled tensors hold once made real, views apart
     largest: tuple[tuple[str, int], ...] = ()  # the biggest of them: (path, bytes)
-    origins: Mapping[str, Path] = field(default_factory=dict)
+    origins: Mapping[str, Where] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.files:  # a single-file source is its own content

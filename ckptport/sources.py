@@ -20,12 +20,14 @@ import contextvars
 import ctypes
 import functools
 import hashlib
+import io
 import os
 import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Protocol
 
 from .errors import InputError, InputIsADirectoryError
 
@@ -211,7 +213,16 @@ def open_source(path: Path) -> SourceFile:
 _HASH_CHUNK = 1 << 22
 
 
-def sha256_files(paths: tuple[Path, ...]) -> str:
+class _Hashed(Protocol):
+    """A file whose bytes are hashed: a ``Path``, or a ``remote.RemotePath`` (which reads
+    its pinned object; that package sits above this module, so it is named by what it does)."""
+
+    def open(self, mode: str) -> IO[bytes] | io.RawIOBase: ...
+
+    def __fspath__(self) -> str: ...
+
+
+def sha256_files(paths: tuple[_Hashed, ...]) -> str:
     """sha256 of the files' bytes in order (a shard set: its index, then its shards).
 
     What ``inspect --hash`` shows, safetensors outputs record as
@@ -223,7 +234,7 @@ def sha256_files(paths: tuple[Path, ...]) -> str:
     return digest.hexdigest()
 
 
-def _hash_into(digest: hashlib._Hash, path: Path) -> None:
+def _hash_into(digest: hashlib._Hash, path: _Hashed) -> None:
     try:
         with path.open("rb") as f:
             while chunk := f.read(_HASH_CHUNK):

@@ -13,10 +13,10 @@ import argparse
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, KeyPath, SourceFacts, format_path, is_tensor
 from ..errors import CkptportError
+from ..remote.urls import Where
 from ..rules.prefixes import DATA_PARALLEL_PREFIX, WRAPPER_NAMES
 from ..rules.quantized import quantization_of
 from ..rules.select import Select
@@ -90,7 +90,7 @@ class StorageBloat:
 
 @dataclass(frozen=True)
 class InspectReport:
-    path: Path
+    path: Where
     format: Format
     size: int
     sha256: str | None

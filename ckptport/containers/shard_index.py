@@ -12,11 +12,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import TYPE_CHECKING
 
 from ..checkpoint import Format
 from ..errors import InputError
 from ..sources import check_regular
 from ..tree import KEY_ALIASES
+
+if TYPE_CHECKING:
+    from ..remote.urls import Where
 
 __all__ = ["ShardIndex", "parse_index", "SHARD_EXTENSIONS", "MAX_INDEX_BYTES"]
 
@@ -29,10 +33,10 @@ MAX_INDEX_BYTES = 64 << 20
 class ShardIndex:
     """The set's format, its key -> shard map and its shard files, in name order."""
 
-    path: Path
+    path: Where
     format: Format
     weight_map: dict[str, str]
-    shards: tuple[Path, ...]
+    shards: tuple[Where, ...]
     # ckptport's record of tied names it left out (alias -> kept name), a claim the
     # reader checks; the hub's own sets have none
     aliases: dict[str, str] = field(default_factory=dict)
@@ -45,13 +49,12 @@ def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return dict(pairs)
 
 
-def _load(index: Path, data: bytes | None) -> tuple[dict[str, str], dict[str, str]]:
-    if data is None:
-        st = check_regular(index)
-        if st.st_size > MAX_INDEX_BYTES:
-            raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
+def _load(index: Where) -> tuple[dict[str, str], dict[str, str]]:
+    size = check_regular(index).st_size if isinstance(index, Path) else index.opened().size
+    if size > MAX_INDEX_BYTES:
+        raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
     try:
-        raw = index.read_bytes() if data is None else data
+        raw = index.read_bytes()
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"shard index is not valid JSON: {exc}", index) from None
@@ -73,7 +76,7 @@ def _load(index: Path, data: bytes | None) -> tuple[dict[str, str], dict[str, st
     return weight_map, aliases
 
 
-def _shard_path(index: Path, name: str, extension: str, local: bool = True) -> Path:
+def _shard_path(index: Where, name: str, extension: str) -> Where:
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
     if (posix.is_absolute() or windows.is_absolute() or len(posix.parts) != 1
             or len(windows.parts) != 1 or name in {".", ".."}):
@@ -83,7 +86,7 @@ def _shard_path(index: Path, name: str, extension: str, local: bool = True) -> P
         raise InputError(f"shard index names {name!r}, not a {extension} file like its index",
                          index)
     shard = index.parent / name
-    if not local:  # a remote index: its shards are named next to it, opened when read
+    if not isinstance(shard, Path):  # a remote index's: named next to it, opened when read
         return shard
     if not shard.exists() and not shard.is_symlink():
         raise InputError(f"shard {name} named by the index is missing", index)
@@ -93,14 +96,15 @@ def _shard_path(index: Path, name: str, extension: str, local: bool = True) -> P
     return shard
 
 
-def parse_index(index: Path, data: bytes | None = None) -> ShardIndex:
-    """The index at ``index``; ``data``: its bytes, fetched already (a remote index, whose
-    shards are then named next to it rather than looked up on disk)."""
-    weight_map, aliases = _load(index, data)
+def parse_index(index: Where) -> ShardIndex:
+    """The index at ``index``: a local one checked against its folder, a remote one (a
+    ``RemotePath``, its pinned object fetched) with its shards named next to it rather than
+    looked up on disk."""
+    weight_map, aliases = _load(index)
     extension = Path(index.name.removesuffix(".index.json")).suffix
     if extension not in SHARD_EXTENSIONS:
         raise InputError(f"cannot tell the shard format from the index name {index.name!r}",
                          index)
-    shards = tuple(sorted({_shard_path(index, name, extension, data is None)
+    shards = tuple(sorted({_shard_path(index, name, extension)
                            for name in weight_map.values()}))
     return ShardIndex(index, SHARD_EXTENSIONS[extension], weight_map, shards, aliases)

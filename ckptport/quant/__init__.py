@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from ..errors import InputError
-from ..remote.urls import is_remote
+from ..remote.urls import Where
 from ..tree import StateDict, TensorLeaf, is_tensor
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def packed_linears(tensors: Tensors, config: Config | None,
             yield module, qweight, scales
 
 
-def config_of(path: Path | None) -> Config | None:
+def config_of(path: Where | None) -> Config | None:
     """The quantization config of the model folder beside (or holding) a local checkpoint.
 
     ``config.json``'s ``quantization_config``; where it has none, ModelOpt's
@@ -191,7 +191,7 @@ def config_of(path: Path | None) -> Config | None:
     modelopt``, as ModelOpt's newer exports write into ``config.json`` themselves). A
     remote source's config is not fetched (a request the transfer report would not
     count, for a claim the tensors must make anyway): its tensors alone decide."""
-    if path is None or is_remote(path):
+    if not isinstance(path, Path):  # None, or remote
         return None
     folder = path if path.is_dir() else path.parent
     found = _json_entry(folder / "config.json", "quantization_config")

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from ..dtypes import DType
+from ..remote.urls import Where
 from ..tree import (
     Key,
     KeyPath,
@@ -65,7 +65,7 @@ def part_name(weight: str, part: str) -> str:
 # -- a .pth's subclasses, flattened as torchao's safetensors support flattens them --------
 
 
-def flatten(tree: Tree, path: Path, lenient: bool = False) -> tuple[Tree, dict[str, str]]:
+def flatten(tree: Tree, path: Where, lenient: bool = False) -> tuple[Tree, dict[str, str]]:
     """``tree`` with each torchao subclass of a dict replaced by its inner tensors (named by
     ``part_name``), and the metadata torchao's safetensors support would write for them,
     keyed by each weight's path. A tree without one is returned as it is; an inner tensor's

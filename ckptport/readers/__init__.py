@@ -114,29 +114,25 @@ def resolve(path: str | os.PathLike[str], tag: str | None = None) -> Source:
 
 def source_of(given: Where, layout: Layout | None) -> Source:
     """The source a layout names (its files, read by its reader), or the file ``given``
-    (or the layout's one file) opened, its container sniffed from its bytes.
-
-    A ``Source`` holds a remote path as the ``Path`` it stands for (``readers.remote``):
-    path-like, it is named in messages and facts as a local one is."""
+    (or the layout's one file) opened, its container sniffed from its bytes (a remote one
+    opened by range, ``readers.remote``)."""
     from ..containers.sniff import sniff
 
     if layout is not None and layout.many is not None:
         raise InputError(layout.many, given)
-    where = cast(Path, given)
     if layout is not None and layout.reader is not None:
-        return Source(where, cast(Path, layout.main), cast("tuple[Path, ...]", layout.files),
-                      layout.format, index=layout.index, layout=layout)
+        return Source(given, layout.main, layout.files, layout.format, index=layout.index,
+                      layout=layout)
     if layout is None and given.is_dir():
-        raise not_one_checkpoint(where)
-    target = where if layout is None else cast(Path, layout.main)
-    file = open_source(target) if isinstance(target, Path) else \
-        cast("RemotePath", target).opened()
+        raise not_one_checkpoint(given)
+    target = given if layout is None else layout.main
+    file = open_source(target) if isinstance(target, Path) else target.opened()
     fmt = sniff(file)
     check_named(target, fmt)
-    return Source(where, target, (target,), fmt, file, layout=layout)
+    return Source(given, target, (target,), fmt, file, layout=layout)
 
 
-def check_named(target: Path, fmt: Format | None) -> None:
+def check_named(target: Where, fmt: Format | None) -> None:
     """Refuse a file whose name makes loaders pick another reader than its bytes need."""
     if target.name.lower().endswith(".safetensors") and fmt is not Format.SAFETENSORS:
         raise InputError(f"is named .safetensors but is {'a ' + fmt if fmt else 'not'} a "
@@ -196,7 +192,7 @@ def tag_somewhere(paths: Iterable[object], tag: str | None) -> None:
         raise OptionError(f"--tag {tag}: no path given is a DeepSpeed checkpoint folder")
 
 
-def _load_file(path: Path, options: ReadOptions) -> Checkpoint:
+def _load_file(path: Where, options: ReadOptions) -> Checkpoint:
     return open_checkpoint(path, trust=options.trust, lenient=options.lenient,
                            max_expansion=options.max_expansion)
 

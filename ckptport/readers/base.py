@@ -18,10 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast, runtime_checkable
 
 from ..checkpoint import Checkpoint, Format, SourceFacts, shared_storages
 from ..errors import CkptportError, InputError, UnsafeCheckpointError
+from ..remote.urls import Where
 from ..sources import SourceFile
 from ..tree import Tree
 from ..unpickle import PickleRefused, Unpickled
@@ -29,17 +30,12 @@ from .budget import largest
 
 if TYPE_CHECKING:
     from ..containers.shard_index import ShardIndex
-    from ..remote import RemotePath
 
 __all__ = ["ReadOptions", "Layout", "Source", "Loader", "Reader", "LayoutReader", "Names",
-           "Where", "refusal",
+           "Where", "local", "refusal",
            "pickle_facts", "NotDescribable"]
 
 _T = TypeVar("_T")
-
-Where: TypeAlias = "Path | RemotePath"
-"""Where a source or a searched file is: on this machine, or remote (``hf://``, ``s3://``,
-path-like: ``name``, ``parent``, ``/``; read by range)."""
 
 # a folder's entries by name: files as named, folders with a trailing "/"; None where a
 # file was named (a layout named by one file, a shard index, needs no listing)
@@ -95,9 +91,9 @@ class Source:
     ``layout`` what the path names, when a reader's layout named it.
     """
 
-    path: Path
-    main: Path
-    files: tuple[Path, ...]
+    path: Where
+    main: Where
+    files: tuple[Where, ...]
     format: Format | None = None
     file: SourceFile | None = None
     index: ShardIndex | None = None
@@ -146,7 +142,19 @@ class LayoutReader(Protocol):
                ) -> Layout | None: ...
 
 
-def refusal(exc: PickleRefused, path: Path) -> CkptportError:
+def local(path: Where, fmt: Format | None = None) -> Path:
+    """``path`` where a reader reads files on this machine (a DCP, DeepSpeed or rank-file
+    folder): their layouts name local folders only and ``resolve_url`` refuses a remote
+    one, so a remote path here is refused in the same words, never read as the local path
+    its redacted URL spells."""
+    if isinstance(path, Path):
+        return path
+    raise InputError(f"is a {fmt or 'checkpoint'} folder, which is read from local files; "
+                     "remote sources are files, shard sets and model folders: download the "
+                     "folder and read it locally", path)
+
+
+def refusal(exc: PickleRefused, path: Where) -> CkptportError:
     """A pickle refusal in the words of the error family, naming the file."""
     named = exc.names or tuple(n for n in exc.seen if _is_code(n.resolved))
     spellings = {n.resolved: n.raw for n in named if n.raw != n.resolved}
@@ -163,9 +171,9 @@ def _is_code(name: str) -> bool:
     return classify(name, False, allowed_names()) is Kind.CODE
 
 
-def pickle_facts(path: Path, fmt: Format, size: int, tree: Tree,
+def pickle_facts(path: Where, fmt: Format, size: int, tree: Tree,
                  pickles: Iterable[Unpickled], *, trusted: bool = False,
-                 files: tuple[Path, ...] = (), metadata: dict[str, str] | None = None
+                 files: tuple[Where, ...] = (), metadata: dict[str, str] | None = None
                  ) -> SourceFacts:
     """Source facts from the pickles a file was read from."""
     pickles = list(pickles)

@@ -38,7 +38,7 @@ from ..sources import MemorySource, check_regular
 from ..unpickle.engine import bounded
 from ..unpickle.scan import ScanError, scan
 from .assembled import check_tiling
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import or_problem
 
 if TYPE_CHECKING:
@@ -321,14 +321,14 @@ class DcpReader:
     def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        folder = source.main
+        folder = local(source.main, self.format)
         metadata = read_dcp_metadata(folder, self.records)
         items = metadata.state_dict_metadata
         paths = getattr(metadata, "planner_data", None) or {}
         if not _plain_paths(paths, len(items)) or not all(isinstance(k, str) for k in items):
             raise InputError("corrupt DCP metadata: planner data or item names are not key "
                              "paths", folder)
-        files = source.files
+        files = tuple(map(local, source.files))
         data_bytes = sum(f.stat().st_size for f in files if f.suffix == ".distcp")
         tree: dict[Key, Tree] = {}
         for fqn, item in items.items():

@@ -36,7 +36,7 @@ from typing import cast
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..tree import Tree
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 from .zero import Branch, require_dict, stage0_fp32, zero_fp32
 
@@ -239,7 +239,7 @@ class DeepSpeedReader:
         return Layout(chosen, tag_files(chosen), self, FORMAT, chosen.name, quiet)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        folder = source.main
+        folder = local(source.main, FORMAT)
         problems: list[str] = []
         try:
             return self._load(folder, options, problems)

@@ -100,7 +100,7 @@ def _walk(root: Where) -> Iterator[tuple[Where, list[str], list[str]]]:
 
 def _opened(path: Where) -> SourceFile:
     """The file, opened to be read by position (a remote one: its version pinned)."""
-    return open_source(path) if isinstance(path, Path) else path.opened()  # type: ignore[return-value]
+    return open_source(path) if isinstance(path, Path) else path.opened()
 
 
 def _classify(path: Where) -> str | None:

@@ -32,7 +32,7 @@ from ..containers.safetensors import parse_header
 from ..sources import open_source
 from ..tensors import TensorInfo
 from .assembled import Box, assemble
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import LayoutError, layout_problem
 from .safetensors import SHARD_FILE, sharding_offsets, tensors_of
 
@@ -85,7 +85,7 @@ class HfShardsReader:
             return layout_problem(source.main, FORMAT, source.files, FRAMEWORK, [exc.message])
 
     def _load(self, source: Source) -> Checkpoint:
-        folder = source.main
+        folder = local(source.main, FORMAT)
         claims = _claims(frozenset(f.name for f in source.files))
         for (rank, index), spelled in claims.items():
             if len(spelled) > 1:

@@ -12,10 +12,10 @@ its metadata, which ``check`` reports as CKP013.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..errors import InputError
+from ..remote.urls import Where
 from .budget import largest
 
 __all__ = ["PROBLEMS", "LayoutError", "merged_facts", "layout_problem", "or_problem",
@@ -28,7 +28,7 @@ class LayoutError(InputError):
     """Rank files that do not make one checkpoint; the message names what is wrong."""
 
 
-def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[Path, ...],
+def merged_facts(path: Where, fmt: Format, parts: list[Checkpoint], files: tuple[Where, ...],
                  metadata: dict[str, str], notes: tuple[str, ...] = ()) -> SourceFacts:
     """One checkpoint's facts from the rank files it was assembled from."""
     locations: dict[str, int] = {}
@@ -36,7 +36,7 @@ def merged_facts(path: Path, fmt: Format, parts: list[Checkpoint], files: tuple[
     refused: dict[str, None] = {}
     unproven: dict[str, None] = {}
     spellings: dict[str, str] = {}
-    origins: dict[str, Path] = {}
+    origins: dict[str, Where] = {}
     for part in parts:
         facts = part.source
         for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
@@ -69,7 +69,7 @@ def missing_ranks(ranks: Collection[int], world: int) -> tuple[int, int] | None:
     return next(rank for rank in range(world) if rank not in ranks), world - present
 
 
-def layout_problem(folder: Path, fmt: Format, files: tuple[Path, ...], framework: str,
+def layout_problem(folder: Where, fmt: Format, files: tuple[Where, ...], framework: str,
                    problems: list[str]) -> Checkpoint:
     """A report's reading of a layout that does not make one checkpoint: no tensors, the
     problems named."""
@@ -77,8 +77,8 @@ def layout_problem(folder: Path, fmt: Format, files: tuple[Path, ...], framework
         "framework": framework, PROBLEMS: "\n".join(problems)}))
 
 
-def or_problem(read: Callable[[], Checkpoint], folder: Path, fmt: Format,
-               files: tuple[Path, ...], framework: str, lenient: bool) -> Checkpoint:
+def or_problem(read: Callable[[], Checkpoint], folder: Where, fmt: Format,
+               files: tuple[Where, ...], framework: str, lenient: bool) -> Checkpoint:
     """``read()``; for a report (``lenient``), a layout that is not one checkpoint is read
     as its problem (``layout_problem``) instead of refused."""
     try:

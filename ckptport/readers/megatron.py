@@ -35,7 +35,7 @@ from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..sources import check_regular
 from ..tree import Key, Tree
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .dcp import METADATA_FILE, DcpReader
 from .folders import listing
 from .layouts import LayoutError, merged_facts, or_problem
@@ -95,7 +95,7 @@ class MegatronReader(DcpReader):
                           source.files, FRAMEWORK, options.lenient)
 
     def _megatron(self, source: Source, options: ReadOptions) -> Checkpoint:
-        folder = source.main
+        folder = local(source.main, FORMAT)
         backends = _backends(folder / CONFIG)
         common_path = folder / COMMON
         if common_path not in source.files:

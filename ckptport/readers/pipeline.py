@@ -22,7 +22,7 @@ from pathlib import Path
 from ..checkpoint import Checkpoint, Format
 from ..errors import InputError
 from ..tree import Tree
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .deepspeed import LATEST, tag_folder
 from .layouts import LayoutError, merged_facts, missing_ranks, or_problem
 from .ranks import one_claim
@@ -70,8 +70,9 @@ class PipelineReader:
                       chosen.name, quiet, unweighted=engine)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        return or_problem(lambda: self._load(source.main, source.files, options), source.main,
-                          FORMAT, source.files, "deepspeed pipeline", options.lenient)
+        folder, files = local(source.main, FORMAT), tuple(map(local, source.files))
+        return or_problem(lambda: self._load(folder, files, options), folder, FORMAT, files,
+                          "deepspeed pipeline", options.lenient)
 
     def _load(self, folder: Path, files: tuple[Path, ...], options: ReadOptions
               ) -> Checkpoint:

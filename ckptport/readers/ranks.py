@@ -25,7 +25,7 @@ from ..tensors import TensorInfo, ViewKey, view_key
 from ..tree import KeyPath, Tree, rebuild_dict
 from ..unpickle.distributed_values import DTENSOR, ShardLayout, ShardRecord
 from .assembled import Box, TilingError, assemble, shard_box
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import PROBLEMS, LayoutError, layout_problem, merged_facts, missing_ranks
 
 __all__ = ["RankFilesReader", "rank_files", "claimed", "one_claim", "one_rank", "FORMAT"]
@@ -147,7 +147,7 @@ class RankFilesReader:
                       FORMAT)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        folder = source.main
+        folder = local(source.main, FORMAT)
         claims = claimed(folder, frozenset(f.name for f in source.files)) or {}
         files = {rank: paths[0] for rank, paths in claims.items()}
         problems: list[str] = []

@@ -5,16 +5,16 @@ is (a ``*.index.json`` is a shard set); a hub folder (``hf://org/repo/``)
 as a local folder is, from the repository's names. The object is opened as
 a ``RemoteFile`` (a ``SourceFile`` reading by range) and goes through the
 same sniff, the same name check and the same shard-index parse as a local
-file: a remote source is untrusted exactly like a local one. A ``RemotePath``
-stands where ``Path`` does in ``Source`` and ``SourceFacts``: it is path-like
-and prints its redacted URL.
+file: a remote source is untrusted exactly like a local one. A ``Source`` and
+its ``SourceFacts`` hold its ``RemotePath`` (their paths are ``Where``): it is
+path-like and prints its redacted URL.
 """
 
 from __future__ import annotations
 
 from ..errors import InputError
 from ..remote import RemotePath, folder_names
-from .base import Source
+from .base import Source, local
 
 __all__ = ["resolve_url"]
 
@@ -33,7 +33,5 @@ def resolve_url(path: RemotePath) -> Source:
                              "read by)", path)
     if names is not None and layout is not None and layout.reader is not None and \
             layout.main == path:  # the folder itself: DCP, DeepSpeed, rank files
-        raise InputError(f"is a {layout.format or 'checkpoint'} folder, which is read from "
-                         "local files; remote sources are files, shard sets and model "
-                         "folders: download the folder and read it locally", path)
+        local(path, layout.format)  # refused: read from local files
     return source_of(path, layout)

@@ -16,7 +16,6 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from pathlib import Path
 
 from .. import treejson
 from ..checkpoint import Checkpoint, Format, SourceFacts
@@ -25,7 +24,7 @@ from ..errors import InputError
 from ..sources import SourceFile
 from ..tensors import Blob, StorageInfo, TensorInfo, contiguous_strides
 from ..tree import KEY_ALIASES, KEY_TREE, Tree, format_path, iter_tensors
-from .base import ReadOptions, Source
+from .base import ReadOptions, Source, Where
 from .layouts import PROBLEMS, LayoutError
 
 __all__ = ["SafetensorsReader", "header_of", "tensors_of", "sharding_offsets", "SHARD_FILE",
@@ -55,7 +54,7 @@ def tensors_of(file: SourceFile, header: Header) -> dict[str, TensorInfo]:
     return tensors
 
 
-def sharding_offsets(header: Header, path: Path) -> dict[str, tuple[int, ...]] | None:
+def sharding_offsets(header: Header, path: Where) -> dict[str, tuple[int, ...]] | None:
     """``DCP_SHARDING_INFO``'s offsets of each tensor's part in its whole tensor, checked
     to name exactly the file's tensors; None when the header has none."""
     text = header.metadata.get(SHARDING_INFO)
@@ -79,7 +78,7 @@ def sharding_offsets(header: Header, path: Path) -> dict[str, tuple[int, ...]] |
     return offsets
 
 
-def _part_alone(header: Header, path: Path) -> str | None:
+def _part_alone(header: Header, path: Where) -> str | None:
     """Why a file read alone is part of a distributed save (a rank's shard file, or parts
     at offsets other than 0), or None when it is whole."""
     offsets = sharding_offsets(header, path)

@@ -14,11 +14,9 @@ from __future__ import annotations
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from pathlib import Path
-from typing import cast
 
 from ..checkpoint import Checkpoint, Format, SourceFacts
-from ..containers.shard_index import MAX_INDEX_BYTES, ShardIndex, parse_index
+from ..containers.shard_index import ShardIndex, parse_index
 from ..errors import InputError
 from ..quant.torchao_layout import gathered, indexed_as
 from ..tree import Tree
@@ -28,19 +26,7 @@ from .layouts import LayoutError, layout_problem
 
 __all__ = ["ShardsReader"]
 
-LoadFile = Callable[[Path, ReadOptions], Checkpoint]
-
-
-def _parsed(index: Where) -> ShardIndex:
-    """The index parsed: a local one checked against its folder, a remote one (a
-    ``RemotePath``) from its fetched bytes, its shards named next to it."""
-    if isinstance(index, Path):
-        return parse_index(index)
-    file = index.opened()
-    if file.size > MAX_INDEX_BYTES:
-        raise InputError(f"shard index larger than {MAX_INDEX_BYTES >> 20} MiB", index)
-    # path-like, a RemotePath stands where the index's Path does (its name, its shards' names)
-    return parse_index(cast(Path, index), data=file.read(0, file.size))
+LoadFile = Callable[[Where, ReadOptions], Checkpoint]
 
 
 # the hub's shard names: "model-00002-of-00003.safetensors", "pytorch_model-00001-of-00002.bin"
@@ -96,7 +82,7 @@ class ShardsReader:
             name = indexes[0] if indexes else None
         if name is None or not name.endswith(".index.json"):
             return None
-        parsed = _parsed(folder / name)
+        parsed = parse_index(folder / name)
         return Layout(parsed.path, (parsed.path, *parsed.shards), self, parsed.format,
                       index=parsed)
 
@@ -112,7 +98,7 @@ class ShardsReader:
                                   [exc.message])
         tree: OrderedDict[str, Tree] = OrderedDict()
         owner: dict[str, str] = {}
-        parts: list[tuple[Path, SourceFacts]] = []
+        parts: list[tuple[Where, SourceFacts]] = []
         for shard in index.shards:
             part = self.load_file(shard, options)
             _merge(tree, owner, part, shard, index)
@@ -127,7 +113,7 @@ class ShardsReader:
 
 
 def _merge(tree: OrderedDict[str, Tree], owner: dict[str, str], part: Checkpoint,
-           shard: Path, index: ShardIndex) -> None:
+           shard: Where, index: ShardIndex) -> None:
     """One shard's state dict into the set's, each key from the shard the index names (a
     torchao subclass's parts by the weight they are of)."""
     state = part.tree
@@ -148,7 +134,7 @@ def _merge(tree: OrderedDict[str, Tree], owner: dict[str, str], part: Checkpoint
         tree._metadata = versions  # type: ignore[attr-defined]
 
 
-def _facts(index: ShardIndex, parts: list[tuple[Path, SourceFacts]], files: tuple[Path, ...],
+def _facts(index: ShardIndex, parts: list[tuple[Where, SourceFacts]], files: tuple[Where, ...],
            trusted: bool) -> SourceFacts:
     """The set's facts from its shards' (their notes named by shard, the index's ties,
     torchao's metadata gathered)."""
@@ -161,7 +147,7 @@ def _facts(index: ShardIndex, parts: list[tuple[Path, SourceFacts]], files: tupl
     notes: list[str] = []
     materialized = 0
     largest: list[tuple[str, int]] = []
-    origins: dict[str, Path] = {}
+    origins: dict[str, Where] = {}
     for shard, facts in parts:
         for name in (*facts.globals, *facts.refused_globals, *facts.unproven):
             origins.setdefault(name, shard)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format
 from ..containers.zipfmt import ZipArchive, parse_zip
@@ -26,7 +25,7 @@ from ..quant.torchao_layout import flatten
 from ..tensors import Blob, StorageInfo
 from ..unpickle import PickleRefused, Unpickled, unpickle
 from ..unpickle.values import Refusal
-from .base import ReadOptions, Source, pickle_facts, refusal
+from .base import ReadOptions, Source, Where, pickle_facts, refusal
 from .trusted import load_torchscript, load_trusted
 
 __all__ = ["TorchZipReader", "TorchScriptReader", "archive", "TORCHSCRIPT_REFUSAL"]
@@ -42,7 +41,7 @@ def archive(source: Source) -> ZipArchive:
     return source.parsed("zip", lambda: parse_zip(file))
 
 
-def _kind(records: Mapping[str, object], path: Path) -> str:
+def _kind(records: Mapping[str, object], path: Where) -> str:
     if "constants.pkl" in records:
         return "torchscript"
     if ".data/extern_modules" in records or ("data.pkl" not in records and any(

@@ -27,7 +27,7 @@ from ..dtypes import DTYPES, dtype_of
 from ..errors import InputError
 from ..tensors import Pending
 from ..tree import Key, TensorLeaf, Tree, is_tensor
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import LayoutError, merged_facts, or_problem
 
 __all__ = ["UniversalReader", "FORMAT"]
@@ -66,8 +66,9 @@ class UniversalReader:
         return Layout(folder, (folder / states[-1], *masters), self, FORMAT)
 
     def load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        return or_problem(lambda: self._load(source.main, source.files, options), source.main,
-                          FORMAT, source.files, "deepspeed universal", options.lenient)
+        folder, files = local(source.main, FORMAT), tuple(map(local, source.files))
+        return or_problem(lambda: self._load(folder, files, options), folder, FORMAT, files,
+                          "deepspeed universal", options.lenient)
 
     def _load(self, folder: Path, files: tuple[Path, ...], options: ReadOptions
               ) -> Checkpoint:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, Format
-from .base import Layout, Names, ReadOptions, Source, Where
+from .base import Layout, Names, ReadOptions, Source, Where, local
 from .layouts import LayoutError, missing_ranks, or_problem
 from .ranks import RankFilesReader, one_claim
 
@@ -56,7 +56,7 @@ class VerlReader:
 
 
     def _load(self, source: Source, options: ReadOptions) -> Checkpoint:
-        world = _world(source.main, source.files)
+        world = _world(local(source.main, FORMAT), tuple(map(local, source.files)))
         checkpoint = self.ranks.load(source, options)
         recorded = checkpoint.source.metadata.get("world_size")
         if recorded is not None and recorded != str(world):

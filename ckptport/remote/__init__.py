@@ -22,9 +22,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from .deadline import Timeout, Transfers
-from .urls import KEEP_FETCHED, RemotePath, RemoteURL, is_remote, parse_url, redact
+from .urls import KEEP_FETCHED, RemotePath, RemoteURL, Where, is_remote, parse_url, redact
 
-__all__ = ["RemotePath", "RemoteURL", "Timeout", "Transfers", "is_remote", "location",
+__all__ = ["RemotePath", "RemoteURL", "Where", "Timeout", "Transfers", "is_remote", "location",
            "parse_url", "redact", "folder_names", "folder_files"]
 
 

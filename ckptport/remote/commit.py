@@ -168,7 +168,7 @@ class HubStore:
                 while chunk := stream.read(1 << 22):
                     digest.update(chunk)
             finally:
-                file.close()  # type: ignore[attr-defined]
+                file.close()
         except CkptportError as exc:
             raise VerificationError(f"reading back commit {commit}: {exc.message}",
                                     self.path) from None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard, cast
 
 from ..errors import RuleError
@@ -30,6 +29,8 @@ from ..tree import ObjectRecord, Tree, is_tensor, type_name
 
 if TYPE_CHECKING:
     import torch
+
+    from ..remote.urls import Where
 
 __all__ = ["is_module", "module_state_dict", "GRAPH_MODULE_CALLS"]
 
@@ -76,7 +77,7 @@ def _version(class_name: str) -> int:
     return 2 if module.startswith("torch.nn.modules.") and short in _VERSION_2 else 1
 
 
-def module_state_dict(root: Tree, where: str, path: Path | None
+def module_state_dict(root: Tree, where: str, path: Where | None
                       ) -> tuple[dict[str, Tree], tuple[str, ...]]:
     """What ``root.state_dict()`` returns, and notes for the report."""
     if _is_torch_module(root):  # read with --trust: the user vouched for running its code

@@ -31,7 +31,7 @@ from ..quant import (
     recognize,
 )
 from ..quant.torchao_layout import torchao_config
-from ..remote.urls import is_remote
+from ..remote.urls import Where
 from ..tensors import Computed, to_torch
 from ..tree import (
     KeyPath,
@@ -122,7 +122,7 @@ def refuse_cast(checkpoint: Checkpoint, target: DType, dtypes: Mapping[str, DTyp
 MODEL_CONFIG = "config.json"
 
 
-def plain_config(source: Path | None, results: Iterable[RuleResult]) -> bytes | None:
+def plain_config(source: Where | None, results: Iterable[RuleResult]) -> bytes | None:
     """The model folder's ``config.json`` without its ``quantization_config``, when
     ``--dequantize`` made quantized weights plain (None otherwise, or with no config there):
     what a dequantized model folder needs for ``from_pretrained`` to load it as a plain
@@ -130,7 +130,7 @@ def plain_config(source: Path | None, results: Iterable[RuleResult]) -> bytes | 
 
     Raises ``QuantError`` when the config is there but not a JSON object: the output
     would not load as a plain model, and nothing has been written yet."""
-    if source is None or is_remote(source) or not any(
+    if not isinstance(source, Path) or not any(  # None, or remote
             r.rule == "dequantize" and r.details.get("schemes") for r in results):
         return None
     path = (source if source.is_dir() else source.parent) / MODEL_CONFIG

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 from ..checkpoint import Checkpoint
 from ..errors import SelectionError
+from ..remote.urls import Where
 from ..tensors import human_bytes, nbytes
 from ..tree import (
     Key,
@@ -168,7 +168,7 @@ def is_optimizer_state(value: Tree) -> bool:
     return isinstance(value, Mapping) and "state" in value and "param_groups" in value
 
 
-def _one_rank(tree: Tree, path: Path | None) -> None:
+def _one_rank(tree: Tree, path: Where | None) -> None:
     """A state dict of one rank's shards (FSDP, DTensor) is not the model: say what is."""
     from ..readers.ranks import one_rank
 

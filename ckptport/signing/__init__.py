@@ -201,7 +201,8 @@ def derivation_of(source: Checkpoint, options: NormalizeOptions, *,
 
     facts = source.source
     root = facts.path if isinstance(facts.path, Path) and facts.path.is_dir() else None
-    files = [{"name": str(path.relative_to(root)) if root else subject_name(path),
+    files = [{"name": str(path.relative_to(root)) if root and isinstance(path, Path)
+              else subject_name(path),
               "sha256": sha256_files((path,))} for path in facts.files]
     recipe = options.loaded_recipe
     return {"source": {"name": subject_name(facts.path),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OutputError, OutputExistsError, OutputIsADirectoryError
+from ..remote.urls import Where
 from .formats import FORMATS, Kind, OutputFormat, by_extension
 
 __all__ = ["Destination", "plan_destination", "check_destination", "same_file", "parse_size",
@@ -120,15 +121,18 @@ def _size(value: int | str, path: Path) -> int:
         raise OutputError(str(exc), path) from None
 
 
-def same_file(a: Path, b: Path) -> bool:
-    """One file under two spellings: symlinks, ``..``, hard links."""
+def same_file(a: Where, b: Where) -> bool:
+    """One file under two spellings: symlinks, ``..``, hard links. A remote location is only
+    ever itself: never the local path its redacted URL would spell to ``os.path``."""
+    if not (isinstance(a, Path) and isinstance(b, Path)):
+        return a == b
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_destination(sources: Iterable[Path], destination: Destination,
+def check_destination(sources: Iterable[Where], destination: Destination,
                       overwrite: bool) -> None:
     """Refuse a destination that is a source (under any spelling) or exists."""
     dst = destination.path

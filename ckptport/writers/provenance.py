@@ -15,8 +15,8 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..remote.urls import Where
 from ..sources import sha256_files
 
 __all__ = ["Provenance"]
@@ -28,7 +28,7 @@ class Provenance:
     ``carried`` a source's own metadata an output keeps; ``extra`` more ``ckptport.*``
     facts (the recipe's sha256)."""
 
-    files: tuple[Path, ...]
+    files: tuple[Where, ...]
     rules: Mapping[str, str] = field(default_factory=dict)
     carried: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str] = field(default_factory=dict)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...analysis.survey import InspectReport
 from ...checkpoint import Checkpoint
 from ...compare import Tolerance
 from ...progress import Progress, no_progress
+from ...remote.urls import Where
 from ...rules import NormalizeOptions
 from ...tree import TextEnum
 
@@ -76,7 +76,7 @@ class FileUnderCheck:
 
 
 # (key or None, message), or with the member file of a layout it concerns (a rank file)
-Hit = tuple[str | None, str] | tuple[str | None, str, Path]
+Hit = tuple[str | None, str] | tuple[str | None, str, Where]
 
 
 def _nothing(file: FileUnderCheck) -> Iterable[Hit]:

@@ -30,7 +30,7 @@ from ...errors import (
 from ...progress import Progress, no_progress
 from ...quant.torchao_layout import output_metadata
 from ...readers import Source, open_checkpoint, resolve
-from ...remote.urls import RemotePath, is_remote
+from ...remote.urls import RemotePath, Where, is_remote
 from ...rules import Normalized, NormalizeOptions, RuleResult, apply_rules
 from ...rules.quantized import MODEL_CONFIG, plain_config
 from ...rules.recipes import KEY_MAP_SHA256, Recipe
@@ -82,7 +82,7 @@ class NormalizeReport:
         return next((r for r in self.rules if r.rule == name), None)
 
 
-def _snapshot(files: tuple[Path, ...]) -> list[tuple[int, int, int]]:
+def _snapshot(files: tuple[Where, ...]) -> list[tuple[int, int, int]]:
     """Identity, size and modification time of each source file, to notice a rewrite."""
     stats = []
     for path in files:
