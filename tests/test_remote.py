@@ -10,6 +10,7 @@ and by ckptport's report, and bounded: a report reads headers, not tensors.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -437,6 +438,23 @@ def test_object_changed_mid_read(server, run, tmp_path):
     assert result.exit_code == 2 and "changed while it was read" in result.stderr
     assert f"{server.url}/moving.pth" in result.stderr
     assert not (tmp_path / "o.pth").exists()
+
+
+def test_a_dst_at_the_path_a_url_folds_to_is_not_the_source(server, local, run, tmp_path,
+                                                             monkeypatch):
+    """A remote source is never a local file: DST at the local path ``os.path`` makes of
+    the source's URL (``http:/host:port/...``) is written, not refused as the source file
+    (``same_file`` once asked ``os.path`` about the URL's spelling)."""
+    server.reset()
+    url = server.url + "/model.safetensors"
+    monkeypatch.chdir(tmp_path)
+    folded = Path(os.path.realpath(url))
+    folded.parent.mkdir(parents=True)
+    result = run("normalize", url, folded, "-q")
+    assert result.exit_code == 0, result.stderr
+    assert run("normalize", local["safetensors"], tmp_path / "ours.safetensors", "-q"
+               ).exit_code == 0
+    assert folded.read_bytes() == (tmp_path / "ours.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize(("url", "message"), [

@@ -140,7 +140,8 @@ def discover(root: Where) -> Discovery:
             path = here / name
             if path in search.covered:
                 continue
-            if path.is_symlink() and not inside(path, root):  # type: ignore[arg-type]
+            if isinstance(path, Path) and isinstance(root, Path) and path.is_symlink() and \
+                    not inside(path, root):  # a remote listing holds no links
                 found.others.append((path, "a link to a file outside the folder; not followed"))
                 continue
             reason = _classify(path)
@@ -184,6 +185,5 @@ class _Search:
             return
         if layout.reader is None or set(layout.files) <= self.covered:
             return  # one file, classified by its bytes below; or found already
-        main = layout.main if isinstance(layout.main, RemotePath) else Path(layout.main)
-        self.found.checkpoints.append(Found(main, layout.files))
+        self.found.checkpoints.append(Found(layout.main, layout.files))
         self.covered.update(layout.files)
