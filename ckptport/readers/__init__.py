@@ -126,7 +126,12 @@ def source_of(given: Where, layout: Layout | None) -> Source:
     if layout is None and given.is_dir():
         raise not_one_checkpoint(given)
     target = given if layout is None else layout.main
-    file = open_source(target) if isinstance(target, Path) else target.opened()
+    if isinstance(target, Path):
+        file = open_source(target)
+    else:
+        from ..remote.objects import opened
+
+        file = opened(target)
     fmt = sniff(file)
     check_named(target, fmt)
     return Source(given, target, (target,), fmt, file, layout=layout)

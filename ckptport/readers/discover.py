@@ -100,7 +100,11 @@ def _walk(root: Where) -> Iterator[tuple[Where, list[str], list[str]]]:
 
 def _opened(path: Where) -> SourceFile:
     """The file, opened to be read by position (a remote one: its version pinned)."""
-    return open_source(path) if isinstance(path, Path) else path.opened()
+    if isinstance(path, Path):
+        return open_source(path)
+    from ..remote.objects import opened
+
+    return opened(path)
 
 
 def _classify(path: Where) -> str | None:

@@ -155,14 +155,14 @@ class HubStore:
                           transfers=self.path.transfers)
 
     def _read_back(self, item: Uploaded, commit: str) -> None:
-        from .objects import open_remote
+        from .objects import open_remote, opened
 
         where = RemotePath(RemoteURL("hf", self.repo, item.operation.path_in_repo,
                                      repo_type=self.url.repo_type, revision=commit),
                            opener=open_remote, transfers=self.path.transfers)
         digest = hashlib.sha256()
         try:
-            file = where.opened()
+            file = opened(where)
             try:
                 stream = file.stream()
                 while chunk := stream.read(1 << 22):

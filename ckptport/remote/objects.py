@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .urls import RemotePath
 
 __all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "open_remote",
-           "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
+           "opened", "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
 
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
 SPLIT_MIN = 1 << 20  # a read is split over the connections in ranges of at least this much
@@ -69,6 +69,16 @@ def open_remote(path: RemotePath) -> RemoteFile:
 
         backend = open_s3(path)
     return RemoteFile(path, backend)
+
+
+def opened(path: RemotePath) -> RemoteFile:
+    """``path.opened()`` as the ``SourceFile`` the readers read by position: every location
+    a command makes opens with ``open_remote`` (``urls`` names only the ``Opened`` protocol,
+    this module being one it cannot import)."""
+    file = path.opened()
+    if not isinstance(file, RemoteFile):
+        raise InputError("a remote location opened by something other than open_remote", path)
+    return file
 
 
 class RemoteFile(SourceFile):

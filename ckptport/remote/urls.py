@@ -23,17 +23,26 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import InputError
 from .deadline import Timeout, Transfers
 
-if TYPE_CHECKING:
-    from .objects import RemoteFile
+__all__ = ["RemoteURL", "RemotePath", "Where", "Opened", "is_remote", "parse_url", "redact",
+           "SCHEMES"]
 
-__all__ = ["RemoteURL", "RemotePath", "Where", "is_remote", "parse_url", "redact", "SCHEMES"]
 
+class Opened(Protocol):
+    """What opening a remote location gives (``remote.objects.RemoteFile``, a ``SourceFile``:
+    ``remote.objects.opened`` says so to the readers)."""
+
+    size: int
+    version: str
+
+    def read(self, offset: int, n: int) -> bytes: ...
+
+    def stream(self) -> io.RawIOBase: ...
 
 SCHEMES = ("http", "https", "hf", "s3")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -157,7 +166,7 @@ class RemotePath:
 
     # Any: what each pin holds is its owner's (a hub revision's info, a version, a list)
     def __init__(self, url: RemoteURL, pins: dict[Any, Any] | None = None,
-                 opener: Callable[[RemotePath], RemoteFile] | None = None,
+                 opener: Callable[[RemotePath], Opened] | None = None,
                  transfers: Transfers | None = None) -> None:
         self.url = url
         self.opener = opener  # how the object is opened (``remote.objects.open_remote``)
@@ -167,7 +176,7 @@ class RemotePath:
         # objects next to it (the shards an index names), so they are read at one commit
         self.pins: dict[Any, Any] = {} if pins is None else pins  # Any: as above
         self._lock = threading.Lock()
-        self._file: RemoteFile | None = None
+        self._file: Opened | None = None
 
     def __str__(self) -> str:
         return self.url.redacted()
@@ -219,7 +228,7 @@ class RemotePath:
         and the clock: a new read of it (a spool, if the command asks) at the same version."""
         return RemotePath(self.url, self.pins, self.opener, self.transfers)
 
-    def opened(self) -> RemoteFile:
+    def opened(self) -> Opened:
         """The object, opened (and its version pinned) on first use, then the same one.
 
         The version is pinned in ``pins`` too, shared by every location built from this one
@@ -267,6 +276,6 @@ Where: TypeAlias = "Path | RemotePath"
 
 
 def _unpickled(url: RemoteURL, pins: dict[Any, Any],  # Any: as RemotePath.pins
-               opener: Callable[[RemotePath], RemoteFile]
+               opener: Callable[[RemotePath], Opened]
                | None, timeout: Timeout, connections: int) -> RemotePath:
     return RemotePath(url, pins, opener, Transfers(timeout, connections=connections))
