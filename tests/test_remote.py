@@ -211,6 +211,23 @@ def test_a_hub_folder_is_read_by_the_names_a_local_folder_is(hub, local, run, tm
         del hub.repos[repo]
 
 
+def test_a_folder_in_a_hub_repository_reads_as_its_weights(hub, local, run, tmp_path):
+    """``hf://ORG/REPO/FOLDER/`` is that folder's weights (as ``s3://BUCKET/PREFIX/`` is),
+    never the repository root's; a shard set of the folder is read from the folder."""
+    repo = "org/nested"
+    hub.repos[repo] = HubRepo({"sub/model.safetensors": local["safetensors"],
+                               "pytorch_model.bin": local["pth"]})
+    try:
+        here = run("manifest", local["safetensors"]).stdout
+        made = run("manifest", f"hf://{repo}/sub/")
+        assert made.exit_code == 0, made.stderr
+        assert made.stdout == here
+        root = run("manifest", f"hf://{repo}")  # the root's own weights
+        assert root.exit_code == 0 and root.stdout == run("manifest", local["pth"]).stdout
+    finally:
+        del hub.repos[repo]
+
+
 def test_hub_without_token_is_one_line(hub, run, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     result = run("inspect", f"hf://{REPO}/single/model.pth")

@@ -58,8 +58,9 @@ def inside(path: Path, root: Path) -> bool:
 
 
 def folder_of(path: RemotePath) -> RemotePath:
-    """A remote folder's location with its key ending in ``/`` (a hub URL drops it), so
-    that ``folder / name`` names a file in it."""
+    """A remote folder's location with its key ending in ``/`` (``hf://ORG/REPO`` and a
+    hub DST_DIR's ``hf://ORG/REPO/PATH`` name folders without it), so that
+    ``folder / name`` names a file in it."""
     key = path.url.key
     if not key or key.endswith("/"):
         return path

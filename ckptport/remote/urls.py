@@ -146,7 +146,9 @@ def _parse_hub(rest: str) -> RemoteURL:
         revision = unquote(revision)
         if not revision:
             raise InputError("has an empty revision after '@'", "hf://" + rest)
-    return RemoteURL("hf", f"{org}/{name}", "/".join(tail).strip("/"), repo_type=repo_type,
+    # a trailing '/' kept, as in an s3:// key: the key names a folder of the repository
+    key = "/".join(tail).lstrip("/")
+    return RemoteURL("hf", f"{org}/{name}", key, repo_type=repo_type,
                      revision=revision)
 
 

@@ -79,7 +79,7 @@ def plan_remote(dst: str | os.PathLike[str], to: str | None = None,
                           f"local paths and {', '.join(s + '://' for s in WRITTEN)})", url)
     key = url.url.key
     folder = not key or key.endswith("/") or url.url.scheme == "hf" and not file_extension(
-        Path(url.name))  # the hub's URLs drop a trailing '/'; a name without extension
+        Path(url.name))  # a hub folder named without its '/' (hf://ORG/REPO/PATH): no extension
     stand_in = Path(tempfile.gettempdir(), f".ckptport-plan-{secrets.token_hex(4)}",
                     url.name or "set")
     chosen = FORMATS.get(str(to)) if to is not None else None
