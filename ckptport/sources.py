@@ -98,6 +98,8 @@ def _kind(mode: int) -> str:
 class SourceFile:
     """One open source file: positional reads, its size, and whether it changed."""
 
+    path: os.PathLike[str]  # a Path; a remote object's RemotePath (``remote.objects``)
+
     def __init__(self, path: Path, fd: int, st: os.stat_result) -> None:
         self.path, self.fd, self.size = path, fd, st.st_size
         self.snapshot: Snapshot = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -166,6 +168,8 @@ class SourceFile:
 
 class MemorySource(SourceFile):
     """Bytes held in memory, read like a file (a checkpoint saved inside a DCP item)."""
+
+    path: Path
 
     def __init__(self, path: Path, data: bytes) -> None:  # noqa: D107 - no descriptor
         self.path, self.fd, self.size, self.data = path, -1, len(data), bytes(data)

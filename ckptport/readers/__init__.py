@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 from ..checkpoint import Checkpoint, Format, SourceFacts
 from ..dtypes import DType
 from ..errors import CkptportError, CodeArchiveError, InputError, OptionError
-from ..sources import SourceFile, open_source
+from ..sources import MemorySource, open_source
 from ..tensors import to_torch
 from ..tree import SCALARS, is_tensor, map_tree
 from ..unpickle.values import Device, Size
@@ -275,7 +275,7 @@ def _names_only(source: Source, exc: CkptportError) -> Checkpoint:
         notes=(f"nothing shown past the code-running globals: {exc.message}",)))
 
 
-def load_bytes(file: SourceFile) -> Checkpoint:
+def load_bytes(file: MemorySource) -> Checkpoint:
     """A checkpoint held in memory (a value ``torch.save``'d inside a DCP item)."""
     from ..containers.sniff import sniff
 

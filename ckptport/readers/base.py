@@ -14,6 +14,7 @@ diff, read) start from the same parse of the same bytes.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -154,7 +155,7 @@ def local(path: Where, fmt: Format | None = None) -> Path:
                      "folder and read it locally", path)
 
 
-def refusal(exc: PickleRefused, path: Where) -> CkptportError:
+def refusal(exc: PickleRefused, path: os.PathLike[str]) -> CkptportError:
     """A pickle refusal in the words of the error family, naming the file."""
     named = exc.names or tuple(n for n in exc.seen if _is_code(n.resolved))
     spellings = {n.resolved: n.raw for n in named if n.raw != n.resolved}

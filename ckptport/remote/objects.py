@@ -84,8 +84,10 @@ def opened(path: RemotePath) -> RemoteFile:
 class RemoteFile(SourceFile):
     """A remote object with ``SourceFile``'s interface (no descriptor; reads by range)."""
 
+    path: RemotePath
+
     def __init__(self, path: RemotePath, backend: Backend) -> None:  # noqa: D107
-        self.path, self.fd, self.size = path, -1, backend.size  # type: ignore[assignment]
+        self.path, self.fd, self.size = path, -1, backend.size
         self.backend, self.version = backend, backend.version
         self.snapshot = (0, 0, backend.size, hash(backend.version))
         self._lock = threading.Lock()
@@ -190,7 +192,7 @@ class RemoteFile(SourceFile):
                    for a in range(0, len(buffer), step)]
         # every range written (or failed) before the buffer is handed back; each request
         # ends at its own deadline, and this wait at the command's at the latest
-        transfers = self.path.transfers  # type: ignore[attr-defined]
+        transfers = self.path.transfers
         ends = transfers.command_ends()
         _, pending = wait(futures, timeout=max(0.0, transfers.left(ends)) + 1.0)
         if pending:
