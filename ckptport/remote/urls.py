@@ -213,7 +213,9 @@ class RemotePath:
         return RemotePath(self.url.child(name), self.pins, self.opener, self.transfers)
 
     def is_dir(self) -> bool:
-        return False  # folder mode is local; a remote folder is refused where it is opened
+        # a remote folder is known by its listing (``remote.folder_names``, folder mode's
+        # ``folder_files``), not by asking a path: what asks this reads a local folder
+        return False
 
     def is_symlink(self) -> bool:
         return False
