@@ -6,7 +6,7 @@ import json
 import struct
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save, save_file
 
 import ckptport
 from ckptport import sources
@@ -18,12 +18,13 @@ def _safetensors_starting_with(byte: int, path, megabytes: int = 3):
     PERSID opcode, whose text argument ends at a newline) and whose tensor bytes hold no
     newline, so that "line" runs to the end of the file."""
     tensors = {"w": torch.zeros(megabytes << 18)}  # float zeros: no 0x0A byte anywhere
-    for pad in range(256):
-        save_file(tensors, path, metadata={"pad": "x" * pad})
-        data = path.read_bytes()
+    for pad in range(256):  # the padding found in memory, the file written once
+        data = save(tensors, metadata={"pad": "x" * pad})
         if data[0] == byte:
             (length,) = struct.unpack("<Q", data[:8])
             assert json.loads(data[8:8 + length])["w"]
+            save_file(tensors, path, metadata={"pad": "x" * pad})
+            assert path.read_bytes() == data
             return tensors
     raise AssertionError("no padding gives that first byte")
 
