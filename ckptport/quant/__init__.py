@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
+from ..dtypes import dtype_of
 from ..errors import InputError
 from ..remote.urls import Where
 from ..tree import StateDict, TensorLeaf, is_tensor
@@ -34,10 +35,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Scheme", "Stepped", "QuantizedWeight", "Recognition", "QuantError", "register",
-           "SCHEMES", "recognize", "config_of", "packed_linears", "spread", "DEQUANTIZE_CHOICES",
-           "Tensors", "Config", "Params"]
+           "SCHEMES", "recognize", "config_of", "packed_linears", "int32_packs", "spread",
+           "contradiction", "ceil_div", "DEQUANTIZE_CHOICES", "FLOAT_SCALES", "Tensors",
+           "Config", "Params"]
 
 DEQUANTIZE_CHOICES = ("bfloat16", "float16", "float32")
+FLOAT_SCALES = frozenset({"float16", "bfloat16", "float32"})
+"""The dtypes a scheme's float scales are stored in (FP8 and E8M0 scales are a scheme's own)."""
 
 Tensors: TypeAlias = Mapping[str, TensorLeaf]
 """A state dict's tensors by name: what a scheme looks for its parts in."""
@@ -53,6 +57,18 @@ _MAX_CONFIG = 1 << 20  # a model's config.json is kilobytes
 
 class QuantError(InputError):
     """A quantized checkpoint that cannot be dequantized correctly (or cast at all)."""
+
+
+def contradiction(module: str, key: str, claim: object, have: object) -> QuantError:
+    """A ``quantization_config`` claim about ``module`` that its tensors refute: refused in
+    the same words by every scheme that holds the config to its tensors."""
+    return QuantError(f"{module}: config.json quantization_config says {key} {claim!r}, the "
+                      f"tensors say {have!r}")
+
+
+def ceil_div(a: int, b: int) -> int:
+    """How many blocks of ``b`` cover ``a`` (the last one cut short)."""
+    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,23 @@ def packed_linears(tensors: Tensors, config: Config | None,
         qweight, scales = tensors[name], tensors.get(f"{module}.scales")
         if scales is not None and len(qweight.shape) == 2 and len(scales.shape) == 2:
             yield module, qweight, scales
+
+
+def int32_packs(scheme: str, module: str, tensors: Tensors
+                ) -> tuple[TensorLeaf, TensorLeaf, TensorLeaf]:
+    """``module``'s ``qweight``, ``qzeros`` and ``scales`` once an int32-pack scheme (AWQ,
+    GPTQ: ``scheme`` names it in messages) has claimed its layout, held to what both
+    require: zero points present, both packs int32, the scales a float dtype."""
+    qweight, scales = tensors[f"{module}.qweight"], tensors[f"{module}.scales"]
+    qzeros = tensors.get(f"{module}.qzeros")
+    if qzeros is None:
+        raise QuantError(f"{module}.qweight: {scheme} codes without their {module}.qzeros")
+    if dtype_of(qweight).name != "int32" or dtype_of(qzeros).name != "int32":
+        raise QuantError(f"{module}.qweight: {scheme} packs of {dtype_of(qweight)} and "
+                         f"{dtype_of(qzeros)} (expected torch.int32)")
+    if dtype_of(scales).name not in FLOAT_SCALES:
+        raise QuantError(f"{module}.scales: {scheme} scales of dtype {dtype_of(scales)}")
+    return qweight, qzeros, scales
 
 
 def config_of(path: Where | None) -> Config | None:

@@ -20,15 +20,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..dtypes import dtype_of
-from ..tree import TensorLeaf
-from . import Config, QuantError, QuantizedWeight, Tensors, packed_linears, register
+from . import (
+    Config,
+    QuantError,
+    QuantizedWeight,
+    Tensors,
+    contradiction,
+    int32_packs,
+    packed_linears,
+    register,
+)
 
 if TYPE_CHECKING:
     import torch
 
 ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output j of a word lies in nibble ORDER[j]
-SCALES = frozenset({"float16", "bfloat16", "float32"})
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,7 @@ class Awq:
         for module, qweight, scales in packed_linears(tensors, config, "awq"):
             if f"{module}.g_idx" in tensors or qweight.shape[1] * 8 != scales.shape[1]:
                 continue  # not AWQ's layout (GPTQ packs the inputs)
-            yield _weight(self, module, qweight, scales, tensors.get(f"{module}.qzeros"),
-                          config)
+            yield _weight(self, module, tensors, config)
 
     def step(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
         import torch
@@ -72,15 +77,9 @@ def _unpack(packed: torch.Tensor) -> torch.Tensor:
     return nibbles[..., list(ORDER)].reshape(packed.shape[0], -1).to(torch.int8)
 
 
-def _weight(scheme: Awq, module: str, qweight: TensorLeaf, scales: TensorLeaf,
-            qzeros: TensorLeaf | None, config: Config | None) -> QuantizedWeight:
-    if qzeros is None:
-        raise QuantError(f"{module}.qweight: AWQ codes without their {module}.qzeros")
-    if dtype_of(qweight).name != "int32" or dtype_of(qzeros).name != "int32":
-        raise QuantError(f"{module}.qweight: AWQ packs of {dtype_of(qweight)} and "
-                         f"{dtype_of(qzeros)} (expected torch.int32)")
-    if dtype_of(scales).name not in SCALES:
-        raise QuantError(f"{module}.scales: AWQ scales of dtype {dtype_of(scales)}")
+def _weight(scheme: Awq, module: str, tensors: Tensors, config: Config | None
+            ) -> QuantizedWeight:
+    qweight, qzeros, scales = int32_packs("AWQ", module, tensors)
     inputs, outputs = qweight.shape[0], scales.shape[1]
     groups = scales.shape[0]
     if not groups or inputs % groups or tuple(qzeros.shape) != (groups, outputs // 8):
@@ -92,8 +91,7 @@ def _weight(scheme: Awq, module: str, qweight: TensorLeaf, scales: TensorLeaf,
         claims = {"bits": 4, "group_size": size, "version": "gemm", "zero_point": True}
         for key, have in claims.items():
             if key in config and config[key] != have:
-                raise QuantError(f"{module}: config.json quantization_config says {key} "
-                                 f"{config[key]!r}, the tensors say {have!r}")
+                raise contradiction(module, key, config[key], have)
     return QuantizedWeight(scheme, f"{module}.weight", (outputs, inputs),
                            {"qweight": f"{module}.qweight", "scales": f"{module}.scales",
                             "qzeros": f"{module}.qzeros"},

@@ -33,7 +33,18 @@ from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
 from ..tree import TensorLeaf
-from . import Config, Params, QuantError, QuantizedWeight, Tensors, register, spread
+from . import (
+    FLOAT_SCALES,
+    Config,
+    Params,
+    QuantError,
+    QuantizedWeight,
+    Tensors,
+    ceil_div,
+    contradiction,
+    register,
+    spread,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -41,14 +52,9 @@ if TYPE_CHECKING:
 ACTIVATION_QPARAMS = ("input_scale", "input_zero_point", "input_global_scale",
                       "output_scale", "output_zero_point")
 FLOAT_CODES = frozenset({"float8_e4m3fn", "float8_e5m2"})
-SCALES = frozenset({"float32", "bfloat16", "float16"})
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 NVFP4_GROUP = 16
 MX_GROUP = 32
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -250,7 +256,7 @@ def _packed(module: str, packed: TensorLeaf, scale: TensorLeaf, shape_leaf: Tens
     _scale_dtype(module, scale)
     rows, cols = _shape_values(shape_leaf)
     words = tuple(packed.shape)
-    fits = [b for b in range(1, 9) if len(words) == 2 and words == (rows, _ceil(cols * b, 32))]
+    fits = [b for b in range(1, 9) if len(words) == 2 and words == (rows, ceil_div(cols * b, 32))]
     if not fits:
         raise QuantError(f"{module}.weight_packed: {list(words)} int32 words cannot hold a "
                          f"densely packed [{rows}, {cols}] weight of 1 to 8 bits")
@@ -267,7 +273,7 @@ def _packed(module: str, packed: TensorLeaf, scale: TensorLeaf, shape_leaf: Tens
         raise QuantError(f"{module}.weight_scale: pack-quantized weights have no block scales")
     if zero is not None:
         grid = tuple(scale.shape)
-        if dtype_of(zero).name != "int32" or tuple(zero.shape) != (_ceil(grid[0] * bits, 32),
+        if dtype_of(zero).name != "int32" or tuple(zero.shape) != (ceil_div(grid[0] * bits, 32),
                                                                    grid[1]):
             raise QuantError(f"{module}.weight_zero_point: packed zero points of "
                              f"{dtype_of(zero)}{list(zero.shape)} do not match scales "
@@ -283,7 +289,7 @@ def _nvfp4(module: str, packed: TensorLeaf, scale: TensorLeaf
                          f"{dtype_of(packed)}{list(packed.shape)} (expected 2-D torch.uint8)")
     rows, cols = packed.shape[0], packed.shape[1] * 2
     if dtype_of(scale).name != "float8_e4m3fn" or tuple(scale.shape) != (
-            rows, _ceil(cols, NVFP4_GROUP)) or cols % NVFP4_GROUP:
+            rows, ceil_div(cols, NVFP4_GROUP)) or cols % NVFP4_GROUP:
         raise QuantError(f"{module}.weight_scale: NVFP4 scales of "
                          f"{dtype_of(scale)}{list(scale.shape)} for a [{rows}, {cols}] weight "
                          f"(expected float8_e4m3fn [{rows}, {cols // NVFP4_GROUP}])")
@@ -315,7 +321,7 @@ def _shape_values(leaf: TensorLeaf) -> tuple[int, int]:
 
 
 def _scale_dtype(module: str, scale: TensorLeaf) -> None:
-    if dtype_of(scale).name not in SCALES:
+    if dtype_of(scale).name not in FLOAT_SCALES:
         raise QuantError(f"{module}.weight_scale: a scale of dtype {dtype_of(scale)} (expected "
                          "float32, bfloat16 or float16)")
 
@@ -331,8 +337,8 @@ def _strategy(module: str, shape: tuple[int, ...], scale: TensorLeaf) -> dict[st
     if len(grid) == 2 and grid[0] == rows and grid[1] and cols % grid[1] == 0:
         return {"strategy": "group", "group_size": cols // grid[1]}
     if len(grid) == 2 and all(grid):
-        bm, bn = _ceil(rows, grid[0]), _ceil(cols, grid[1])
-        if (_ceil(rows, bm), _ceil(cols, bn)) == grid:
+        bm, bn = ceil_div(rows, grid[0]), ceil_div(cols, grid[1])
+        if (ceil_div(rows, bm), ceil_div(cols, bn)) == grid:
             return {"strategy": "block", "block_structure": [bm, bn]}
     raise QuantError(f"{module}.weight_scale: scales of shape {list(grid)} do not tile the "
                      f"[{rows}, {cols}] weight per tensor, row, group or block")
@@ -350,14 +356,23 @@ def _configured_weights(config: Config | None) -> Config | None:
     """The weights' arguments of a compressed-tensors config with one config group."""
     if not config or config.get("quant_method") != "compressed-tensors":
         return None
+    found = config_group(config)
+    if found is None:
+        return None
+    group, weights = found
+    return {**weights, "format": group.get("format") or config.get("format")}
+
+
+def config_group(config: Config) -> tuple[Config, Config] | None:
+    """The one group of a ``config_groups`` config (compressed-tensors' layout, which
+    ModelOpt's ``config.json`` follows) and its ``weights`` arguments; None where there are
+    several (they target different modules: the tensors decide) or no weights."""
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:
-        return None  # several groups target different modules: the tensors decide
+        return None
     (group,) = groups.values()
     weights = group.get("weights") if isinstance(group, dict) else None
-    if not isinstance(weights, dict):
-        return None
-    return {**weights, "format": group.get("format") or config.get("format")}
+    return (group, weights) if isinstance(weights, dict) else None
 
 
 def _agrees(module: str, found: Config, configured: Config) -> None:
@@ -373,8 +388,7 @@ def _agrees(module: str, found: Config, configured: Config) -> None:
         if key == "group_size" and found["strategy"] != "group":
             continue
         if claim != have:
-            raise QuantError(f"{module}: config.json quantization_config says {key} "
-                             f"{claim!r}, the tensors say {found[key]!r}")
+            raise contradiction(module, key, claim, found[key])
 
 
 register(CompressedTensors())

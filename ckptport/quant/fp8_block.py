@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
 from ..tree import TensorLeaf
-from . import Config, QuantError, QuantizedWeight, Tensors, register, spread
+from . import Config, QuantError, QuantizedWeight, Tensors, ceil_div, register, spread
 
 if TYPE_CHECKING:
     import torch
@@ -35,10 +35,6 @@ SCALES = frozenset({"float32", "bfloat16", "float16", "float8_e8m0fnu", "uint8"}
 SUFFIX = "_scale_inv"
 DEFAULT_BLOCK = (128, 128)
 CHUNK_ELEMENTS = 1 << 22  # dequantized 16 MiB of float32 at a time: memory stays near the output
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -76,10 +72,10 @@ class Fp8Block:
             found = _block(shape, grid, block)
             if found is None:
                 want = block or DEFAULT_BLOCK
+                tiles = [*shape[:-2], ceil_div(shape[-2], want[0]), ceil_div(shape[-1], want[1])]
                 raise QuantError(
                     f"{name}: scale {scale_name} of shape {list(grid)} does not tile the "
-                    f"weight's {list(shape)} in {want[0]}x{want[1]} blocks (expected "
-                    f"{[*shape[:-2], _ceil(shape[-2], want[0]), _ceil(shape[-1], want[1])]})")
+                    f"weight's {list(shape)} in {want[0]}x{want[1]} blocks (expected {tiles})")
             params["block_size"] = list(found)
         prefix = name.rsplit(".", 1)[0] + "." if "." in name else ""
         extra = tuple(n for n in (f"{prefix}activation_scale",) if n in tensors)
@@ -161,7 +157,7 @@ def _block(shape: tuple[int, ...], grid: tuple[int, ...],
         return None
     rows, cols = shape[-2:]
     bm, bn = configured or DEFAULT_BLOCK
-    if grid[-2:] == (_ceil(rows, bm), _ceil(cols, bn)):
+    if grid[-2:] == (ceil_div(rows, bm), ceil_div(cols, bn)):
         return (bm, bn)
     if configured is None and all(grid[-2:]) and rows % grid[-2] == 0 and cols % grid[-1] == 0:
         return (rows // grid[-2], cols // grid[-1])

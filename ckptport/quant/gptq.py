@@ -32,13 +32,21 @@ from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
 from ..tree import TensorLeaf
-from . import Config, QuantError, QuantizedWeight, Tensors, packed_linears, register
+from . import (
+    Config,
+    QuantError,
+    QuantizedWeight,
+    Tensors,
+    contradiction,
+    int32_packs,
+    packed_linears,
+    register,
+)
 
 if TYPE_CHECKING:
     import torch
 
 BITS = (2, 3, 4, 8)
-SCALES = frozenset({"float16", "bfloat16", "float32"})
 FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> what was subtracted when stored
 
 
@@ -92,16 +100,8 @@ def _unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 
 def _weight(scheme: Gptq, module: str, tensors: Tensors, config: Config | None
             ) -> QuantizedWeight:
-    qweight, scales = tensors[f"{module}.qweight"], tensors[f"{module}.scales"]
-    qzeros, g_idx = tensors.get(f"{module}.qzeros"), tensors.get(f"{module}.g_idx")
-    where = f"{module}.qweight"
-    if qzeros is None:
-        raise QuantError(f"{where}: GPTQ codes without their {module}.qzeros")
-    if dtype_of(qweight).name != "int32" or dtype_of(qzeros).name != "int32":
-        raise QuantError(f"{where}: GPTQ packs of {dtype_of(qweight)} and {dtype_of(qzeros)} "
-                         "(expected torch.int32)")
-    if dtype_of(scales).name not in SCALES:
-        raise QuantError(f"{module}.scales: GPTQ scales of dtype {dtype_of(scales)}")
+    qweight, qzeros, scales = int32_packs("GPTQ", module, tensors)
+    g_idx, where = tensors.get(f"{module}.g_idx"), f"{module}.qweight"
     groups, outputs = scales.shape
     if len(qzeros.shape) != 2 or qzeros.shape[0] != groups or not groups or \
             (qzeros.shape[1] * 32) % outputs or (qzeros.shape[1] * 32) // outputs not in BITS:
@@ -135,17 +135,14 @@ def _weight(scheme: Gptq, module: str, tensors: Tensors, config: Config | None
 def _held_to(module: str, config: Config, bits: int, inputs: int, groups: int,
              indexed: bool) -> tuple[str, bool]:
     """The config's claims the tensors bear out (a contradiction is refused)."""
-    def contradicts(key: str, have: object) -> QuantError:
-        return QuantError(f"{module}: config.json quantization_config says {key} "
-                          f"{config[key]!r}, the tensors say {have!r}")
-
     if config.get("bits", bits) != bits:
-        raise contradicts("bits", bits)
+        raise contradiction(module, "bits", config["bits"], bits)
     size = config.get("group_size", -1)
     expected = 1 if size in (-1, None) else (-(-inputs // size) if isinstance(size, int)
                                               and size > 0 else None)
     if expected != groups:
-        raise contradicts("group_size", f"{groups} groups of {inputs} inputs")
+        raise contradiction(module, "group_size", config["group_size"],
+                            f"{groups} groups of {inputs} inputs")
     found = config.get("checkpoint_format", "gptq")
     if not isinstance(found, str) or found not in FORMATS:
         raise QuantError(f"{module}: config.json quantization_config checkpoint_format "

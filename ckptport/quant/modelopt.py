@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
 from . import Config, QuantError, QuantizedWeight, Tensors, register
-from .compressed import NVFP4_GROUP, nvfp4_dequantized, nvfp4_step
+from .compressed import NVFP4_GROUP, config_group, nvfp4_dequantized, nvfp4_step
 
 if TYPE_CHECKING:
     import torch
@@ -137,12 +137,8 @@ def _agrees(module: str, config: Config) -> None:
 
 def _group_size(config: Config) -> object:
     """The weights' group size of a ``config.json`` ModelOpt wrote (one config group)."""
-    groups = config.get("config_groups")
-    if not isinstance(groups, dict) or len(groups) != 1:
-        return None
-    (group,) = groups.values()
-    weights = group.get("weights") if isinstance(group, dict) else None
-    return weights.get("group_size") if isinstance(weights, dict) else None
+    found = config_group(config)
+    return None if found is None else found[1].get("group_size")
 
 
 register(ModelOptNvfp4())

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_of
 from ..tree import TensorLeaf, is_tensor
-from . import QuantError, QuantizedWeight, register
+from . import FLOAT_SCALES, QuantError, QuantizedWeight, register
 from .torchao_layout import CONSUMED_PARTS, DATA_PARTS, described, inner_part, part_name
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Torchao"]
 
-_SCALES = frozenset({"float32", "bfloat16", "float16"})
 _FP8 = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
 _AFFINE = frozenset({"Int8Tensor", "IntxUnpackedToInt8Tensor"})
 _OUTPUTS = frozenset({"float32", "bfloat16", "float16"})  # what dequantize_affine accepts
@@ -96,7 +95,7 @@ def _weight(scheme: Torchao, weight: str, tensors: Mapping[str, TensorLeaf],
     if (codes.name in _FP8) != (kind == "Float8Tensor") or (kind in _AFFINE
                                                             and codes.name != "int8"):
         raise QuantError(f"{present['qdata']}: a torchao {kind}'s codes are {codes}, not {want}")
-    if scales.name not in _SCALES:
+    if scales.name not in FLOAT_SCALES:
         raise QuantError(f"{present['scale']}: a torchao {kind}'s scale is {scales}, not "
                          "float32, bfloat16 or float16")
     shape = tuple(qdata.shape)
