@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_of
-from ..tree import TensorLeaf, is_tensor
-from . import FLOAT_SCALES, QuantError, QuantizedWeight, register
+from ..tree import TensorLeaf
+from . import FLOAT_SCALES, Config, QuantError, QuantizedWeight, Tensors, register
 from .torchao_layout import CONSUMED_PARTS, DATA_PARTS, described, inner_part, part_name
 
 if TYPE_CHECKING:
@@ -44,24 +44,21 @@ class Torchao:
     reference: str = ("torchao.quantization Int8Tensor / Float8Tensor / "
                       "IntxUnpackedToInt8Tensor .dequantize()")
 
-    # Any: the Scheme protocol's (state-dict leaves; a parsed config.json)
-    def find(self, tensors: Mapping[str, Any], config: Mapping[str, Any] | None
-             ) -> Iterator[QuantizedWeight]:
+    def find(self, tensors: Tensors, config: Config | None) -> Iterator[QuantizedWeight]:
         docs, prefix = (config or {}).get("torchao"), (config or {}).get("torchao_prefix")
-        leaves = {k: v for k, v in tensors.items() if is_tensor(v)}
-        for qname in leaves:
+        for qname in tensors:
             inner = inner_part(qname)
             if inner is None:
                 continue
             if inner[1] != "qdata":
                 codes = part_name(inner[0], "qdata")
-                if isinstance(docs, dict) and codes not in leaves:
+                if isinstance(docs, dict) and codes not in tensors:
                     raise QuantError(f"{qname}: the {inner[1]} of torchao weight {inner[0]} "
                                      f"without its codes {codes}")
                 continue
             doc = described(inner[0], docs, str(prefix or "")) if isinstance(docs, dict) \
                 else None
-            yield _weight(self, inner[0], leaves, doc)
+            yield _weight(self, inner[0], tensors, doc)
 
     def dequantize(self, weight: QuantizedWeight, parts: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> torch.Tensor:
