@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from fixtures.hostile import PROTO2, STOP, system, write_zip
+
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -45,6 +47,21 @@ def refused(run: Any, src: Path, dst: Path, *words: str) -> str:
     assert not dst.exists()
     assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
     return line
+
+
+def hostile_member(run: Any, folder: Path, victim: Path, sentinel: Path, dst: Path,
+                   named: str) -> str:
+    """``victim``, a member file of the checkpoint ``folder``, replaced by a pickle whose
+    payload would create ``sentinel``: ``normalize folder dst`` refused (one line naming
+    ``os.system`` and ``named``), ``check`` exits 1 with CKP003 on the member file, and the
+    payload never ran; check's stdout."""
+    victim.unlink()
+    write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
+    assert "os.system" in refused(run, folder, dst, named)
+    checked = run("check", folder)
+    assert checked.exit_code == 1 and f"{victim}: CKP003" in checked.stdout
+    assert not sentinel.exists()
+    return str(checked.stdout)
 
 
 def repickle(src: Path, dst: Path, old: bytes, new: bytes, count: int = -1) -> Path:

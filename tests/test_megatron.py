@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fixtures.hostile import PROTO2, STOP, system, write_zip
-from tests.helpers import refused, same_bits
+from tests.helpers import hostile_member, refused, same_bits
 
 CASES = ["ws1", "ws2", "nemo1", "nemo2"]
 
@@ -157,13 +157,8 @@ def test_lying_metadata(mcore, run, tmp_path):
 
 def test_a_payload_in_common(mcore, run, tmp_path, sentinel):
     folder = _copy(mcore, "nemo2", tmp_path)
-    victim = folder / "weights" / "common.pt"
-    victim.unlink()
-    write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
-    assert "os.system" in refused(run, folder, tmp_path / "out.pth", "common.pt")
-    checked = run("check", folder)
-    assert checked.exit_code == 1 and f"{victim}: CKP003" in checked.stdout
-    assert not sentinel.exists()
+    hostile_member(run, folder, folder / "weights" / "common.pt", sentinel,
+                   tmp_path / "out.pth", "common.pt")
     proof = tmp_path / "RAN"  # the same payload under full unpickling runs
     write_zip(tmp_path / "proof.pt", PROTO2 + system(proof) + STOP, ())
     subprocess.run([sys.executable, "-c", "import sys, torch; torch.load(sys.argv[1], "

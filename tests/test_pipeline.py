@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.hostile import PROTO2, STOP, system, write_zip
-from tests.helpers import refused, same_bits
+from tests.helpers import hostile_member, refused, same_bits
 
 
 def _truth(dist: Path, world: int) -> dict[str, torch.Tensor]:
@@ -75,9 +74,4 @@ def test_a_truncated_or_hostile_layer(dist, run, tmp_path, sentinel):
     refused(run, folder, tmp_path / "out.pth", str(path))
     checked = run("check", folder)
     assert checked.exit_code == 2 and f"{path}: CKP008" in checked.stdout
-    path.unlink()
-    write_zip(path, PROTO2 + system(sentinel) + STOP, ())
-    assert "os.system" in refused(run, folder, tmp_path / "out.pth", str(path))
-    checked = run("check", folder)
-    assert checked.exit_code == 1 and f"{path}: CKP003" in checked.stdout
-    assert not sentinel.exists()
+    hostile_member(run, folder, path, sentinel, tmp_path / "out.pth", str(path))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fixtures.hostile import PROTO2, STOP, system, write_zip
-from tests.helpers import refused, same_bits
+from tests.helpers import hostile_member, refused, same_bits
 
 
 def _copy(dist: Path, world: int, tmp_path: Path) -> Path:
@@ -93,11 +93,7 @@ def test_a_truncated_rank_file(dist, run, tmp_path):
 def test_a_hostile_rank_file(dist, run, tmp_path, sentinel):
     folder = _copy(dist, 2, tmp_path)
     victim = folder / "model_world_size_2_rank_1.pt"
-    victim.unlink()
-    write_zip(victim, PROTO2 + system(sentinel) + STOP, ())
-    assert "os.system" in refused(run, folder, tmp_path / "out.pth", victim.name)
-    checked = run("check", folder)
-    assert checked.exit_code == 1 and f"{victim}: CKP003" in checked.stdout
+    hostile_member(run, folder, victim, sentinel, tmp_path / "out.pth", victim.name)
     hidden = _copy(dist, 2, tmp_path / "second")  # in the optimizer state, still gated
     write_zip(hidden / "optim_world_size_2_rank_0.pt", PROTO2 + system(sentinel) + STOP, ())
     checked = run("check", hidden)
