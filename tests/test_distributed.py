@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from fixtures.distributed import DS_CONFIGS, WS1, net_class
-from tests.helpers import hostile_member, repickle
+from tests.helpers import hostile_member, refused, repickle
 
 ZERO_TO_FP32 = [c for c in DS_CONFIGS if c not in ("s0_bf16", "s1_bf16_fp32acc")]
 CASES = [(2, c) for c in ZERO_TO_FP32] + [(1, c) for c in WS1 if c in ZERO_TO_FP32]
@@ -212,19 +212,6 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _refused(run: Any, src: Path, dst: Path, *words: str) -> str:
-    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
-    result = run("normalize", src, dst)
-    assert result.exit_code == 2, result.stdout
-    line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line, line
-    for word in words:
-        assert word in line, line
-    assert not dst.exists()
-    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
-    return line
-
-
 def _checked(run: Any, src: Path, *words: str) -> str:
     result = run("check", src)
     assert result.exit_code == 1 and "CKP013" in result.stdout, result.stdout
@@ -236,7 +223,7 @@ def _checked(run: Any, src: Path, *words: str) -> str:
 def test_missing_zero_rank(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws2" / "s2_bf16", tmp_path / "ds")
     (folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    _refused(run, folder, tmp_path / "out.safetensors", "global_step2", "rank 1 of 2")
+    refused(run, folder, tmp_path / "out.safetensors", "global_step2", "rank 1 of 2")
     shown = _checked(run, folder, "rank 1 of 2 is missing")
     assert "CKP002" not in shown  # the cause, not what the other rank files name
 
@@ -244,7 +231,7 @@ def test_missing_zero_rank(dist, run, tmp_path):
 def test_missing_zero3_model_states_rank(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws2" / "s3_fp32", tmp_path / "ds")
     (folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
-    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2")
+    refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2")
 
 
 def test_stale_zero_ranks_from_a_bigger_run(dist, run, tmp_path):
@@ -262,7 +249,7 @@ def test_zero_world_sizes_disagree(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws2" / "s2_bf16", tmp_path / "ds")
     shutil.copy(dist / "ds" / "ws1" / "s2_bf16" / "global_step2" / "mp_rank_00_model_states.pt",
                 folder / "global_step2" / "mp_rank_00_model_states.pt")
-    _refused(run, folder, tmp_path / "out.safetensors", "1 data-parallel ranks")
+    refused(run, folder, tmp_path / "out.safetensors", "1 data-parallel ranks")
     _checked(run, folder, "the optimizer states 2")
 
 
@@ -271,14 +258,14 @@ def test_missing_fsdp_rank_and_stale_rank(dist, run, tmp_path):
     shutil.copy(folder / "model_rank1.pt", folder / "model_rank2.pt")
     _checked(run, folder, "model_rank2.pt", "left over")
     (folder / "model_rank1.pt").unlink()
-    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2 is missing")
+    refused(run, folder, tmp_path / "out.safetensors", "rank 1 of 2 is missing")
     _checked(run, folder, "rank 1 of 2 is missing")
 
 
 def test_fsdp_rank_files_of_different_runs(dist, run, tmp_path):
     folder = _copy(dist / "fsdp2" / "ws2", tmp_path / "fsdp")
     shutil.copy(dist / "fsdp2" / "ws1" / "model_rank0.pt", folder / "model_rank1.pt")
-    _refused(run, folder, tmp_path / "out.safetensors", "model_rank1.pt", "holds no shard")
+    refused(run, folder, tmp_path / "out.safetensors", "model_rank1.pt", "holds no shard")
     _checked(run, folder, "holds no shard")
 
 
@@ -287,7 +274,7 @@ def test_overlapping_shards(dist, run, tmp_path):
     folder = _copy(dist / "fsdp1" / "ws2", tmp_path / "fsdp")
     repickle(dist / "fsdp1" / "ws2" / "model_rank1.pt", folder / "model_rank1.pt",
               b"K\x06K\x00e", b"K\x05K\x00e")
-    _refused(run, folder, tmp_path / "out.safetensors", "emb.weight", "overlap")
+    refused(run, folder, tmp_path / "out.safetensors", "emb.weight", "overlap")
     _checked(run, folder, "overlap")
 
 
@@ -314,7 +301,7 @@ def test_short_flat_group_and_lying_numels(dist, run, tmp_path, config, shape, w
             state = torch.load(path, weights_only=False)
             state["param_shapes"][0]["fc2.weight"] = torch.Size(shape)
             torch.save(state, path)
-    _refused(run, folder, tmp_path / "out.safetensors", words)
+    refused(run, folder, tmp_path / "out.safetensors", words)
 
 
 @pytest.mark.parametrize(("config", "kind", "forge", "words"), [
@@ -332,7 +319,7 @@ def test_forged_fields_are_one_line(dist, run, tmp_path, config, kind, forge, wo
     state = torch.load(path, weights_only=False)
     forge(state)
     torch.save(state, path)
-    _refused(run, folder, tmp_path / "out.safetensors", words)
+    refused(run, folder, tmp_path / "out.safetensors", words)
     result = run("check", folder)  # a report: the file is unreadable, not a crash
     assert result.exit_code in (1, 2) and "Traceback" not in result.stderr, result.stderr
 
@@ -373,7 +360,7 @@ def test_truncated_rank_file(dist, run, tmp_path):
     folder = _copy(dist / "ds" / "ws2" / "s3_bf16", tmp_path / "ds")
     path = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     path.write_bytes(path.read_bytes()[:-600])
-    _refused(run, folder, tmp_path / "out.safetensors", path.name)
+    refused(run, folder, tmp_path / "out.safetensors", path.name)
     result = run("check", folder)
     assert result.exit_code == 2 and f"{path}: CKP008" in result.stdout  # the member file
 
@@ -416,7 +403,7 @@ def test_a_bad_latest_is_refused_alike_by_every_command(dist, run, tmp_path, spo
     naming ``latest``, and the gate fails."""
     folder = _copy(dist / "ds" / "ws2" / "s2_fp32", tmp_path / "save")
     spoil(folder)
-    line = _refused(run, folder, tmp_path / "out.safetensors", cause)
+    line = refused(run, folder, tmp_path / "out.safetensors", cause)
     assert line.startswith(f"ckptport: error: {folder / 'latest'}:"), line
     shown = run("inspect", folder)
     assert shown.exit_code == 2 and cause in shown.stderr
@@ -547,7 +534,7 @@ def test_a_deepspeed_rank_claimed_twice_is_refused(dist, run, tmp_path, spelling
     config, name, other, new, words = DS_SPELLINGS[spelling]
     folder, tag = _ds(dist, tmp_path, config)
     shutil.copy(dist / "ds" / "ws2" / other / "global_step2" / name, tag / new)
-    line = _refused(run, folder, tmp_path / "out.safetensors", words, new)
+    line = refused(run, folder, tmp_path / "out.safetensors", words, new)
     assert "global_step2" in line
     _checked(run, folder, "CKP013", words)
 
@@ -556,7 +543,7 @@ def test_a_deepspeed_optimizer_of_mixed_kinds_across_ranks_is_refused(dist, run,
     folder, tag = _ds(dist, tmp_path, "s2_bf16")
     (tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").rename(
         tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-    _refused(run, folder, tmp_path / "out.safetensors", "optimizer states of two kinds")
+    refused(run, folder, tmp_path / "out.safetensors", "optimizer states of two kinds")
 
 
 @pytest.mark.parametrize(("config", "kind", "fact", "value"), [
@@ -573,7 +560,7 @@ def test_a_deepspeed_rank_file_of_another_run_is_refused(dist, run, tmp_path, co
     state = torch.load(path, weights_only=False)
     state[fact] = value
     torch.save(state, path)
-    _refused(run, folder, tmp_path / "out.safetensors", path.name, f"another {fact}",
+    refused(run, folder, tmp_path / "out.safetensors", path.name, f"another {fact}",
              "different runs")
     _checked(run, folder, f"another {fact}")
 
@@ -583,7 +570,7 @@ def test_a_deepspeed_rank_file_of_another_run_is_refused(dist, run, tmp_path, co
 def test_a_rank_file_under_two_spellings_is_refused(dist, run, tmp_path, kind, new):
     folder = _copy(dist / kind / "ws2", tmp_path / kind)
     shutil.copy(folder / next(p.name for p in folder.glob("*rank1.pt")), folder / new)
-    _refused(run, folder, tmp_path / "out.safetensors", "rank 1 is claimed by 2 files", new)
+    refused(run, folder, tmp_path / "out.safetensors", "rank 1 is claimed by 2 files", new)
     _checked(run, folder, "rank 1 is claimed by 2 files")
 
 
@@ -604,7 +591,7 @@ def test_a_rank_file_holding_another_ranks_shard_is_refused(dist, run, tmp_path)
     """Two files, two names, one rank's shard (the DTensor says which rank saved it)."""
     folder = _copy(dist / "dtensor" / "ws2", tmp_path / "dtensor")
     shutil.copy(folder / "state_rank0.pt", folder / "state_rank1.pt")
-    _refused(run, folder, tmp_path / "out.safetensors", "state_rank1.pt",
+    refused(run, folder, tmp_path / "out.safetensors", "state_rank1.pt",
              "holds rank 0's shard")
     _checked(run, folder, "holds rank 0's shard")
 
@@ -670,7 +657,7 @@ def test_dcp_chunks_that_do_not_tile_are_refused_before_allocating(dist, run, tm
     """A .metadata declaring more elements than its chunks hold left the rest as whatever
     torch.empty returned; chunks that overlap, or have no data, are refused alike."""
     folder = _forge_dcp(dist / "dcp" / "ws2" / "dtensor", tmp_path / "dcp", "shard0", forge)
-    _refused(run, folder, tmp_path / "out.safetensors", "'shard0'", *words)
+    refused(run, folder, tmp_path / "out.safetensors", "'shard0'", *words)
     result = run("check", folder)
     assert result.exit_code in (1, 2) and "'shard0'" in result.stdout, result.stdout
 
@@ -713,7 +700,7 @@ def test_one_hf_storage_writer_shard_alone_is_partial(dist, run, tmp_path, name,
     """Read alone, a rank's shard file was written as whole ((7, 7) of fc1.weight's
     (13, 6)), verified, and passed check."""
     path = _hf(dist, 2, "fsdp2") / name
-    _refused(run, path, tmp_path / "out.safetensors", *words)
+    refused(run, path, tmp_path / "out.safetensors", *words)
     _checked(run, path, *words)
     assert run("inspect", path).exit_code == 0
 
@@ -760,7 +747,7 @@ def test_hf_storage_writer_shards_that_are_not_whole_are_refused(dist, run, tmp_
     CKP013 in check."""
     folder = _copy(_hf(dist, 2, "fsdp2"), tmp_path / "sharded")
     forge(folder)
-    _refused(run, folder, tmp_path / "out.safetensors", *words)
+    refused(run, folder, tmp_path / "out.safetensors", *words)
     _checked(run, folder, *words)
 
 
@@ -770,7 +757,7 @@ def test_an_hf_shard_file_under_a_name_that_is_no_shard_name(dist, run, tmp_path
     folder = _copy(_hf(dist, 2, "fsdp2"), tmp_path / "sharded")
     shutil.copy(folder / "shard-00002-model-00001-of-00002.safetensors",
                 folder / "shard-0000\u0662-model-00001-of-00002.safetensors")
-    _refused(run, folder, tmp_path / "out.safetensors", "is a folder of checkpoints")
+    refused(run, folder, tmp_path / "out.safetensors", "is a folder of checkpoints")
     _checked(run, folder, "'fc1.weight' is its part at [7, 0]")
 
 
@@ -786,7 +773,7 @@ def test_a_truncated_member_of_every_sharded_layout_is_refused(dist, run, tmp_pa
     folder = _copy(dist / layout, tmp_path / "layout")
     path = folder / victim
     path.write_bytes(path.read_bytes()[:-40])
-    _refused(run, folder, tmp_path / "out.safetensors", victim)
+    refused(run, folder, tmp_path / "out.safetensors", victim)
     result = run("check", folder)
     assert result.exit_code in (1, 2) and victim in result.stdout, result.stdout
     assert "Traceback" not in result.stderr
