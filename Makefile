@@ -22,10 +22,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# the tests also read files DeepSpeed writes: an sdist, built against the torch above
+# the tests also read files DeepSpeed writes: an sdist, built against the torch above;
+# GPTQModel's pure-torch dequantizer is the GPTQ oracle: 7.6.0 is the last that takes torch
+# 2.13, and it pins numpy==2.2.6 and pulls datasets and maturin, none of which its
+# dequantizer needs, so it goes in without its dependencies, with the few its import needs
 $(VENV)/.test-installed: $(VENV)/.installed
 	$(PY) -m pip install -q setuptools wheel
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation deepspeed
+	$(PY) -m pip install -q --no-deps gptqmodel==7.6.0 pypcre==0.6.4 logbar==0.4.15 \
+		device-smi==0.5.7 tokenicer==0.0.14 defuser==0.0.28 threadpoolctl==3.8.0
 	touch $@
 
 demo: $(VENV)/.installed

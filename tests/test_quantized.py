@@ -711,8 +711,8 @@ def test_schemes_are_recognized_without_torch(command):
 
 
 # -- GPTQ: built as AutoGPTQ / GPTQModel lay it out; an independent oracle from their formula --
-# (AutoGPTQ's and GPTQModel's dequantizers need CUDA builds; neither installs beside torch 2.13
-# CPU. The oracle packs with Python integers and dequantizes in float64, rounded once.)
+# (packed with Python integers, dequantized in float64, rounded once; GPTQModel's own
+# dequantizers are the oracle further below.)
 
 
 def _gptq_pack(values: list[list[int]], bits: int) -> torch.Tensor:
@@ -821,6 +821,81 @@ def test_gptq_that_lies_is_refused(tmp_path, run, change, config, key, why):
     assert not out.exists()
     assert any(h.startswith(f"{key}: ") and why in h
                for h in _codes_of(run, path).get("CKP016", [])), _codes_of(run, path)
+
+
+# -- GPTQ dequantized by the library: GPTQModel's pure-torch TorchLinear and its file tool ----
+# (tests/gptq_library.py, in its own process. The packs are built as GPTQModel lays them out:
+# it cannot quantize on the CPU. v1 packs keep their stored zero points below 2**bits - 1:
+# GPTQModel reads an all-ones one as zero 0 where ckptport reads 2**bits, pinned below.)
+
+GPTQ_CASES = [(4, True, "gptq"), (4, False, "gptq"), (4, True, "gptq_v2"), (4, False, "gptq_v2"),
+              (2, True, "gptq"), (2, False, "gptq_v2"), (3, True, "gptq_v2"), (3, False, "gptq"),
+              (8, True, "gptq"), (8, False, "gptq_v2")]
+
+
+def _gptq_library_folder(root: Path, name: str, bits: int, desc_act: bool,
+                         checkpoint_format: str, stored: torch.Tensor | None = None) -> Path:
+    """One linear's GPTQ folder; v1's stored zero points kept off all-ones unless given."""
+    state, _, drawn = _gptq(bits, desc_act, seed=20 + bits)
+    if stored is None and checkpoint_format == "gptq":
+        stored = drawn % ((1 << bits) - 1)
+    if stored is not None:
+        state["m.qzeros"] = _gptq_pack(stored.tolist(), bits)
+    return _gptq_folder(root / name, state, bits=bits, group_size=32, desc_act=desc_act,
+                        sym=False, checkpoint_format=checkpoint_format).parent
+
+
+def _gptq_all_ones() -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and v1 stored zero points of the ``v1-all-ones`` case: group 1's all 15."""
+    _, codes, drawn = _gptq(4, True, seed=24)
+    stored = drawn % 15
+    stored[1] = 15
+    return codes, stored
+
+
+@pytest.fixture(scope="module")
+def gptq_library(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The folders of ``GPTQ_CASES`` (and ``v1-all-ones``), each with ``library.safetensors``."""
+    import subprocess
+    import sys
+    from importlib.util import find_spec
+
+    if find_spec("gptqmodel") is None:
+        pytest.skip("gptqmodel is not installed (make test installs it: see the Makefile)")
+    root = tmp_path_factory.mktemp("gptq_library")
+    folders = {f"{b}-{d}-{f}": _gptq_library_folder(root, f"{b}-{d}-{f}", b, d, f)
+               for b, d, f in GPTQ_CASES}
+    folders["v1-all-ones"] = _gptq_library_folder(root, "v1-all-ones", 4, True, "gptq",
+                                                  _gptq_all_ones()[1])
+    done = subprocess.run([sys.executable, "-m", "tests.gptq_library", *map(str, folders.values())],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folders
+
+
+@pytest.mark.parametrize("bits, desc_act, checkpoint_format", GPTQ_CASES)
+def test_gptq_dequantized_as_gptqmodel_does(gptq_library, run, tmp_path, bits, desc_act,
+                                            checkpoint_format):
+    folder = gptq_library[f"{bits}-{desc_act}-{checkpoint_format}"]
+    library = load_file(folder / "library.safetensors")
+    assert library["module"].dtype == torch.float16
+    assert same_bits(library["file"], library["module"])
+    _dequantizes_to(run, folder / "model.safetensors", tmp_path, library["module"],
+                    ("float16", "float32"))
+
+
+def test_gptq_v1_all_ones_zero_point_is_read_as_autogptq_kernels_do(gptq_library, run, tmp_path):
+    """A v1 stored zero of all ones: ckptport adds the one back in integers (2**bits), as
+    AutoGPTQ's CUDA kernels and its act-order torch path (qlinear_cuda) do; GPTQModel 7.6's
+    file tool wraps it to 0 (``(zeros + 1) & mask``), as AutoGPTQ's qlinear_cuda_old does."""
+    folder = gptq_library["v1-all-ones"]
+    out = tmp_path / "out.safetensors"
+    assert run("normalize", folder / "model.safetensors", out, "--dequantize",
+               "float16").exit_code == 0
+    state, (codes, stored) = load_file(folder / "model.safetensors"), _gptq_all_ones()
+    assert same_bits(load_file(out)["m.weight"], _gptq_oracle(state, codes, stored, "gptq"))
+    wrapped = _gptq_oracle(state, codes, (stored + 1) % 16, "gptq_v2")       # group 1: zero 0
+    assert same_bits(load_file(folder / "library.safetensors")["file"], wrapped)
 
 
 # -- a dequantized model folder loads as a plain model, with the library's own logits ------

@@ -17,11 +17,13 @@ convention as the other shifts every weight by one step (vllm 38966).
 
 Dequantized: ``X.weight`` of ``(N, K)`` (as ``nn.Linear`` holds it),
 ``scales[g_idx[k]] * (code - zero[g_idx[k]])`` with the difference taken in
-integers, multiplied in the scales' dtype (one rounding), then cast: the
-formula of AutoGPTQ's and GPTQModel's pure-torch ``dequantize_weight``
-(their kernels need CUDA; neither installs beside torch 2.13 CPU), with
-``g_idx`` honoured (dropping it scrambles act-order models: onnxruntime
-mobius 733). Without ``g_idx``, input ``k`` is in group ``k // (K / G)``.
+integers, multiplied in the scales' dtype (one rounding), then cast: what
+GPTQModel's pure-torch ``TorchLinear.dequantize_weight`` gives (the tests'
+oracle, GPTQModel 7.6 on the CPU) and AutoGPTQ's formula, with ``g_idx``
+honoured (dropping it scrambles act-order models: onnxruntime mobius 733).
+Without ``g_idx``, input ``k`` is in group ``k // (K / G)``. A v1 zero
+point stored as all ones is ``2**bits``, as AutoGPTQ's CUDA kernels read
+it; GPTQModel wraps it to 0 (docs/quantized.md).
 """
 
 from __future__ import annotations
