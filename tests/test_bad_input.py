@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,22 @@ def test_existing_destination_needs_overwrite(fx, run, tmp_path):
     assert out.read_bytes() == b"keep me"
     assert run("normalize", fx["plain"], out, "--overwrite").exit_code == 0
     assert out.read_bytes() != b"keep me"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_device_or_pipe_as_output_is_refused_never_replaced(fx, run, tmp_path):
+    """``-o /dev/null`` as root once replaced the device with a regular file (the rename that
+    publishes every output); a FIFO stands in for the device here."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for args in (("normalize", fx["plain"], pipe, "--to", "pth", "--overwrite"),
+                 ("manifest", fx["plain"], "-o", pipe, "--overwrite")):
+        result = run(*args)
+        assert result.exit_code == 2, args
+        assert "is a device, pipe or socket" in result.stderr and str(pipe) in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
 def test_destination_that_is_the_source_under_any_spelling(fx, run, tmp_path):

@@ -42,21 +42,22 @@ def server(capped: tuple[ObjectServer, Path]) -> ObjectServer:
     return made
 
 
-def _manifest(run, server: ObjectServer, connections: int) -> dict:
+def _manifest(run, server: ObjectServer, connections: int, out: Path) -> dict:
     result = run("--connections", connections, "manifest", server.url + "/model.safetensors",
-                 "-o", "/dev/null", "--overwrite", "--jobs", "1", "--format", "json")
+                 "-o", out, "--overwrite", "--jobs", "1", "--format", "json")
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
 
-def test_a_read_goes_over_several_connections(server, capped, run):
-    one = _manifest(run, server, 1)
+def test_a_read_goes_over_several_connections(server, capped, run, tmp_path):
+    out = tmp_path / "manifest.json"
+    one = _manifest(run, server, 1, out)
     assert server.stats.most_in_flight == 1
     server.reset()
     server.rate = RATE
-    four = _manifest(run, server, 4)
+    four = _manifest(run, server, 4, out)
     assert 3 <= server.stats.most_in_flight <= 4
-    assert four["digest"] == one["digest"] == _local_digest(run, capped[1])
+    assert four["digest"] == one["digest"] == _local_digest(run, capped[1], out)
     moved = four["transferred"]
     assert moved["connections"] == 4 and one["transferred"]["connections"] == 1
     assert capped[1].stat().st_size <= moved["bytes"] <= server.stats.bytes_sent
@@ -65,8 +66,8 @@ def test_a_read_goes_over_several_connections(server, capped, run):
         moved["bytes"] / moved["seconds"], rel=0.01)
 
 
-def _local_digest(run, path: Path) -> str:
-    result = run("manifest", path, "-o", "/dev/null", "--overwrite", "--format", "json")
+def _local_digest(run, path: Path, out: Path) -> str:
+    result = run("manifest", path, "-o", out, "--overwrite", "--format", "json")
     return str(json.loads(result.stdout)["digest"])
 
 

@@ -25,6 +25,7 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import BinaryIO
 
 from ..errors import (
     CkptportError,
+    OutputError,
     OutputExistsError,
     OutputNotFoundError,
     OutputOSError,
@@ -164,9 +166,24 @@ class StagedFile:
         fsync_dir(self.dst.parent)
 
 
+def refuse_special(dst: Path) -> None:
+    """A device, pipe or socket at ``dst`` is refused, never replaced: a file is published by
+    renaming a temp file over its name, which for ``-o /dev/null`` run as root would put a
+    regular file where the device was (every later write to it then fills the disk)."""
+    try:
+        mode = os.lstat(dst).st_mode
+    except OSError:
+        return  # nothing there (or unreadable: the write says why)
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        raise OutputError("is a device, pipe or socket, not a file: ckptport writes a file "
+                          "beside it and renames it into place, which would replace it; "
+                          "name a file", dst)
+
+
 @contextlib.contextmanager
 def staged_file(dst: Path, *, overwrite: bool) -> Iterator[StagedFile]:
     """Yield a ``StagedFile``; anything escaping the block removes the temp file."""
+    refuse_special(dst)
     try:
         fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=TEMP_SUFFIX)
     except OSError as exc:
