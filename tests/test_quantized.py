@@ -801,6 +801,7 @@ def test_gptq_symmetric_zero_points_held_to_their_format(tmp_path, run):
     ("qzeros", {}, "m.qzeros", "do not pack"),
     (None, {"bits": 8}, "m", "says bits 8"),
     (None, {"group_size": 64}, "m", "says group_size 64"),
+    (None, {"group_size": None}, "m", "says group_size -1"),  # absent: one group per row
     ("no_g_idx", {"desc_act": True}, "m", "desc_act"),
 ])
 def test_gptq_that_lies_is_refused(tmp_path, run, change, config, key, why):
@@ -811,7 +812,8 @@ def test_gptq_that_lies_is_refused(tmp_path, run, change, config, key, why):
         state["m.qzeros"] = state["m.qzeros"][:3].contiguous()  # 3 rows for 4 groups
     elif change == "no_g_idx":
         del state["m.g_idx"]
-    path = _gptq_folder(tmp_path / "bad", state, **{"bits": 4, "group_size": 32, **config})
+    settings = {k: v for k, v in {"bits": 4, "group_size": 32, **config}.items() if v is not None}
+    path = _gptq_folder(tmp_path / "bad", state, **settings)
     out = tmp_path / "out.safetensors"
     result = run("normalize", path, out, "--dequantize")
     assert result.exit_code == 2

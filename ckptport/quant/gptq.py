@@ -143,7 +143,8 @@ def _held_to(module: str, config: Config, bits: int, inputs: int, groups: int,
     expected = 1 if size in (-1, None) else (-(-inputs // size) if isinstance(size, int)
                                               and size > 0 else None)
     if expected != groups:
-        raise contradiction(module, "group_size", config["group_size"],
+        # no group_size in the config means one group per row (GPTQ's -1)
+        raise contradiction(module, "group_size", config.get("group_size", -1),
                             f"{groups} groups of {inputs} inputs")
     found = config.get("checkpoint_format", "gptq")
     if not isinstance(found, str) or found not in FORMATS:
