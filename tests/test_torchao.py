@@ -371,6 +371,28 @@ def test_torchao_weights_found_under_a_checkpoints_own_keys(torchao_model, run, 
     assert all(same_bits(written[k], v) for k, v in torchao_model.oracle["float32"].items())
 
 
+def test_a_flattened_file_without_torchao_metadata_is_dequantized_as_a_stated_guess(
+        torchao_model, run, tmp_path):
+    """No metadata: the class is read from the codes' dtype, and the report says so per weight
+    (a guess is never silent); with the metadata, nothing is guessed."""
+    bare = tmp_path / "bare.safetensors"
+    save_file(dict(torchao_model.tensors), bare)
+    out = tmp_path / "out.safetensors"
+    result = run("normalize", bare, out, "--dequantize", "float32", "--format", "json")
+    assert result.exit_code == 0, result.output
+    rule = next(r for r in json.loads(result.stdout)["rules"] if r["rule"] == "dequantize")
+    guessed = rule["details"]["guessed"]
+    assert guessed and all(c["key"] in guessed and "guessed: no torchao metadata" in c["detail"]
+                           for c in rule["changes"])
+    assert f"{len(guessed)} of them guessed" in rule["summary"]
+    text = run("normalize", bare, out, "--dequantize", "float32", "--overwrite")
+    assert text.exit_code == 0 and "guessed" in text.output
+    plain = run("normalize", torchao_model.pth, out, "--dequantize", "float32", "--overwrite",
+                "--format", "json")
+    rule = next(r for r in json.loads(plain.stdout)["rules"] if r["rule"] == "dequantize")
+    assert "guessed" not in rule["details"] and "guessed" not in rule["summary"]
+
+
 def test_check_finds_zero_torchao_scales(torchao_model, run, tmp_path):
     scale = torchao_model.tensors["w8a8.0._weight_scale"].clone()
     scale[3] = 0.0

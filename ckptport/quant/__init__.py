@@ -93,6 +93,13 @@ class QuantizedWeight:
     def tensors(self) -> tuple[str, ...]:
         return (*self.parts.values(), *self.extra)
 
+    @property
+    def guess(self) -> str | None:
+        """What the scheme had to assume for this weight (``params["guess"]``), which every
+        report of its dequantization states: a guess is never silent."""
+        guess = self.params.get("guess")
+        return guess if isinstance(guess, str) else None
+
     def describe(self) -> dict[str, object]:
         return {"scheme": self.scheme.name, "weight": self.name, "shape": list(self.shape),
                 "params": dict(self.params), "tensors": dict(self.parts),

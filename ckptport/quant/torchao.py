@@ -106,6 +106,9 @@ def _weight(scheme: Torchao, weight: str, tensors: Mapping[str, TensorLeaf],
     dtype = _own_dtype(weight, kind, data.get("dtype"))
     if dtype is not None:
         params["dtype"] = dtype
+    if doc is None:  # a guess the report must show (QuantizedWeight.guess)
+        params["guess"] = (f"no torchao metadata: read as a {kind} from its codes' dtype (an "
+                           "IntxUnpackedToInt8Tensor of another dtype differs by one rounding)")
     for key in ("act_quant_kwargs", "activation_quantization"):
         if data.get(key):
             params["activation"] = _activation(data[key])

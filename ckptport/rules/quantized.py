@@ -255,6 +255,7 @@ class Dequantize:
             _return_freed_weights()
         changes: list[Change] = []
         counts: dict[str, int] = {}
+        guessed_at: list[str] = []
 
         def edit(path: KeyPath, state: StateDict) -> Tree:
             prefix = _prefix(path)
@@ -269,9 +270,12 @@ class Dequantize:
                     weight, target, cast("tuple[TensorLeaf, ...]", parts)))
                 counts[weight.scheme.name] = counts.get(weight.scheme.name, 0) + 1
                 where = f"{prefix}.{weight.name}" if prefix else weight.name
+                guessed = f" (guessed: {weight.guess})" if weight.guess else ""
+                if guessed:
+                    guessed_at.append(where)
                 changes.append(Change(where, "dequantized",
                                       f"{weight.scheme.name} {', '.join(weight.tensors)} -> "
-                                      f"{target}{list(weight.shape)}"))
+                                      f"{target}{list(weight.shape)}{guessed}"))
             items: list[tuple[str, Tree]] = []
             for key, value in state.items():
                 if key in made:
@@ -296,8 +300,13 @@ class Dequantize:
             return checkpoint, RuleResult(self.name, summary="no quantized weights found")
         summary = "dequantized " + ", ".join(f"{n} {s} weights" for s, n in counts.items()) + \
             f" to {self.dtype}"
+        if guessed_at:
+            summary += f"; {len(guessed_at)} of them guessed: {', '.join(guessed_at[:3])}" + \
+                (", …" if len(guessed_at) > 3 else "")
         return checkpoint.with_tree(tree), RuleResult(
-            self.name, tuple(changes), summary, {"schemes": counts, "dtype": self.dtype})
+            self.name, tuple(changes), summary,
+            {"schemes": counts, "dtype": self.dtype,
+             **({"guessed": guessed_at} if guessed_at else {})})
 
     def _leaf(self, weight: QuantizedWeight, target: DType, parts: tuple[TensorLeaf, ...]
               ) -> TensorLeaf:
