@@ -524,7 +524,8 @@ def test_s3_changed_object_and_folder(s3, local, run):
             file.read(0, 64)
     finally:
         boto3.client("s3").upload_file(str(local["pth"]), "ckpts", "run/model.pth")
-    for url, message in (("s3://ckpts/", "no checkpoint in it"),
+    for url, message in (("s3://ckpts/", "no checkpoint named as one in it: it holds run/, "
+                                         "shards/"),
                          ("s3://ckpts/run/nothing.pth", "not found")):
         result = run("inspect", url)
         assert result.exit_code == 2 and message in result.stderr and url in result.stderr

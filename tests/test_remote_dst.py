@@ -422,6 +422,26 @@ def _upload_zoo(client: Any, zoo: Path, prefix: str) -> list[str]:
     return names
 
 
+def test_check_searches_a_bucket_folder_as_a_local_one(bucket, zoo, run):
+    """``check s3://…/zoo/`` checks each checkpoint below it, as ``check zoo/`` does (it said
+    the folder held no checkpoint: a bucket folder was never searched); ``inspect`` of it
+    lists what it holds, as for a local folder."""
+    _upload_zoo(bucket, zoo, "zoo/")
+
+    def findings(target: str, root: str) -> list[tuple[str, str, str]]:
+        result = run("check", target, "--format", "json")
+        assert result.exit_code == 1, result.output  # CKP004 warnings, no error
+        return sorted((file["path"].removeprefix(root), f["code"], f["key"])
+                      for file in json.loads(result.stdout)["files"] for f in file["findings"])
+
+    local = findings(str(zoo), f"{zoo}/")
+    assert local == findings(f"s3://{BUCKET}/zoo/", f"s3://{BUCKET}/zoo/")
+    assert [path for path, _, _ in local] == ["a/one.pth", "a/two.pth", "b/three.safetensors"]
+    inspected = run("inspect", f"s3://{BUCKET}/zoo/")  # one checkpoint's command: says which
+    assert inspected.exit_code == 2 and "it holds a/, b/ (2 entries)" in inspected.stderr
+    assert "check and normalize also take a folder of checkpoints whole" in inspected.stderr
+
+
 def test_folder_mode_from_a_bucket_folder_resumes_splits_and_pins(bucket, zoo, run, tmp_path):
     """``normalize s3://…/zoo/ s3://…/clean/`` (and into a local folder) as local folder mode:
     the same outputs, resumed after an interrupted run, split by ``--part``; a source that

@@ -93,10 +93,12 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def not_one_checkpoint(folder: Where) -> InputError:
-    """Why a folder that no layout names cannot be read as one checkpoint: what it holds,
-    and what to do that fits every command that reads one checkpoint."""
-    names = sorted(listing(folder)) if isinstance(folder, Path) else []
+def not_one_checkpoint(folder: Where, names_in: frozenset[str] | None = None) -> InputError:
+    """Why a folder that no layout names cannot be read as one checkpoint: what it holds
+    (``names_in``: a remote folder's listing; a local one is listed here), and what to do
+    that fits every command that reads one checkpoint."""
+    names = sorted(names_in if names_in is not None else
+                   listing(folder) if isinstance(folder, Path) else ())
     held = (f"it holds {', '.join(names[:5])}{' …' if len(names) > 5 else ''} "
             f"({len(names)} {'entry' if len(names) == 1 else 'entries'})" if names
             else "it is empty")

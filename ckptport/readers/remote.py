@@ -12,9 +12,9 @@ path-like and prints its redacted URL.
 
 from __future__ import annotations
 
-from ..errors import InputError
 from ..remote import RemotePath, folder_names
 from .base import Source, local
+from .folders import not_one_checkpoint
 
 __all__ = ["resolve_url"]
 
@@ -28,9 +28,7 @@ def resolve_url(path: RemotePath) -> Source:
     else:
         layout = layout_of(path, names)
         if layout is None:
-            raise InputError("is a repository folder with no checkpoint in it (no "
-                             "*.index.json shard index, no weights file a model folder is "
-                             "read by)", path)
+            raise not_one_checkpoint(path, names)
     if names is not None and layout is not None and layout.reader is not None and \
             layout.main == path:  # the folder itself: DCP, DeepSpeed, rank files
         local(path, layout.format)  # refused: read from local files

@@ -198,15 +198,19 @@ def _with_inputs(settings: CheckSettings, against: str | os.PathLike[str] | None
 
 def _expand(paths: Iterable[str | os.PathLike[str]]
             ) -> tuple[list[Path | RemotePath | _NoCheckpoint], list[Skipped]]:
-    """Every checkpoint to check, and every other file of the folders given."""
+    """Every checkpoint to check, and every other file of the folders given: a local folder,
+    or a bucket folder or hub repository holding several checkpoints (searched from its
+    listing, as folder mode searches it)."""
+    from ...readers import is_folder_of_checkpoints
     from ...readers.discover import discover
     from ...remote import location
 
     found: list[Path | RemotePath | _NoCheckpoint] = []
     skipped: list[Skipped] = []
     for raw in paths:
-        path = location(raw)  # a URL stays whole (never a folder to search)
-        if not isinstance(path, Path) or not path.is_dir():
+        path = location(raw)
+        searched = path.is_dir() if isinstance(path, Path) else is_folder_of_checkpoints(path)
+        if not searched:
             found.append(path)
             continue
         try:
@@ -224,7 +228,7 @@ def _expand(paths: Iterable[str | os.PathLike[str]]
 class _NoCheckpoint:
     """A folder searched in which nothing is a checkpoint (an export that wrote no weights)."""
 
-    path: Path
+    path: Path | RemotePath
     files: int
 
 
