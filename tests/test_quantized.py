@@ -1144,8 +1144,8 @@ def test_each_weight_is_computed_once_and_its_written_bytes_verified(fp8, run, t
 
     write = writer.write_safetensors
 
-    def flip_one_byte(plan, file, advance, tap=None):
-        write(plan, file, advance, tap)
+    def flip_one_byte(plan, file, advance, tap=None, defer=None):
+        write(plan, file, advance, tap, defer)
         entry = plan.entries[QUANTIZED[1]]
         at = len(plan.header) + entry.start + 7
         file.flush()

@@ -670,3 +670,34 @@ def test_ci_recipe_gates_a_hub_artifact_against_a_manifest(hub, local, run, tmp_
     assert run("manifest", other, "-o", committed, "--overwrite").exit_code == 0
     failed = run(*gate)
     assert failed.exit_code == 1 and "CKP010" in failed.stdout
+
+
+@pytest.mark.parametrize("spool", ["1", "0"])
+def test_the_source_hash_from_reads_in_any_order_is_the_files_hash(server, local, spool,
+                                                                   monkeypatch):
+    """``normalize``'s source sha256 of a remote set is fed by the reads it makes anyway:
+    reads in order, behind, far ahead, across the set's files, with or without a spool,
+    give the hash of the files in order, and the bytes fetched for it are only those no
+    read covered in order."""
+    from ckptport.readers import resolve
+    from ckptport.remote.readhash import ReadDigest
+    from ckptport.sources import read_more_than_once, sha256_files
+
+    monkeypatch.setenv("CKPTPORT_REMOTE_SPOOL", spool)
+    with read_more_than_once():
+        source = resolve(server.url + "/shards/model.safetensors.index.json")
+    files = [p for p in sorted(local["shards"].iterdir()) if p.suffix == ".json"] + \
+        [p for p in sorted(local["shards"].iterdir()) if p.suffix != ".json"]
+    expected = sha256_files(tuple(files))
+    digest = ReadDigest(tuple(source.files))  # type: ignore[arg-type]
+    first, second = (f.opened() for f in source.files[1:])  # type: ignore[attr-defined]
+    half = first.size // 2
+    for file, at, n in [(second, 1000, 5000),  # ahead of everything: left for the end
+                        (first, 0, half), (first, 10, 100),  # in order, then behind
+                        (first, half, first.size - half)]:
+        file.read_into(at, memoryview(bytearray(n)))
+    server.reset()
+    assert digest.hexdigest() == expected
+    # what is left: the second shard whole (its read was far ahead); the index, read before
+    # the digest existed, was caught up from the spool (or fetched: a few bytes)
+    assert second.size <= server.stats.bytes_sent <= second.size + 1024

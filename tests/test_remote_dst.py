@@ -12,6 +12,7 @@ moto, and the client sees the answer a failing server would give.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ckptport.remote import upload
+from ckptport.remote import parts, upload
 
 BUCKET = "dst"
 MiB = 1 << 20
@@ -134,8 +136,12 @@ def test_remote_source_to_remote_destination(bucket, source, run, tmp_path):
 def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, tmp_path,
                                                             monkeypatch):
     """A remote shard set from a remote source: the source's spool holds at most one
-    shard's worth (the oldest ranges are dropped and fetched again when read again)."""
+    shard's worth behind the reader and the prefetch's window ahead of it (the oldest
+    ranges are dropped and fetched again when read again)."""
     from ckptport.remote import objects
+    from ckptport.remote.s3 import LEAST
+
+    window = 2 * 8 * max(objects.AHEAD_PIECE, LEAST)  # 8: the default connections
 
     assert run("normalize", source, f"s3://{BUCKET}/a/model.pth", "-q").exit_code == 0
     most = [0]
@@ -144,18 +150,91 @@ def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, 
     def counting(self: Any, start: int, data: memoryview) -> None:
         kept(self, start, data)
         most[0] = max(most[0], self._held)
-        assert self.limit == 5_000_000 and self._held <= self.limit
+        assert self.limit == 5_000_000 + window and self._held <= self.limit
 
     monkeypatch.setattr(objects.Spool, "keep", counting)
     result = run("normalize", f"s3://{BUCKET}/a/model.pth", f"s3://{BUCKET}/set/",
                  "--max-shard-size", "5MB", "-q")
     assert result.exit_code == 0, result.stderr
-    assert 0 < most[0] <= 5_000_000
+    assert 0 < most[0] <= 5_000_000 + window
     (tmp_path / "model.pth").write_bytes(_get(bucket, "a/model.pth"))
     assert run("normalize", tmp_path / "model.pth", tmp_path / "set", "--max-shard-size", "5MB",
                "-q").exit_code == 0
     for path in (tmp_path / "set").iterdir():
         assert _get(bucket, f"set/{path.name}") == path.read_bytes()
+
+
+def _fetched_from(monkeypatch: pytest.MonkeyPatch, key: str) -> list[int]:
+    """Bytes fetched from the object ``key`` by the command's reads (a counter)."""
+    from ckptport.remote import s3
+
+    fetched, fetch = [0], s3.S3Object.fetch_into
+
+    def counting(self: Any, offset: int, buffer: memoryview) -> None:
+        if self.key == key:
+            fetched[0] += len(buffer)
+        fetch(self, offset, buffer)
+
+    monkeypatch.setattr(s3.S3Object, "fetch_into", counting)
+    return fetched
+
+
+def test_remote_to_remote_set_reads_the_source_once(bucket, source, run, tmp_path,
+                                                    monkeypatch):
+    """Each shard's header holds the source's sha256, known only once the whole source is
+    read: its part is sent last, so the source is fetched once (not once more to hash it
+    before the first shard can go), and the set is the local conversion's, bit for bit."""
+    bucket.put_object(Bucket=BUCKET, Key="once/ddp.pth", Body=source.read_bytes())
+    fetched = _fetched_from(monkeypatch, "once/ddp.pth")
+    result = run("normalize", f"s3://{BUCKET}/once/ddp.pth", f"s3://{BUCKET}/set/",
+                 "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert source.stat().st_size <= fetched[0] <= source.stat().st_size + (64 << 10)
+    (tmp_path / "ddp.pth").write_bytes(source.read_bytes())
+    assert run("normalize", tmp_path / "ddp.pth", tmp_path / "set", "--max-shard-size", "5MB",
+               "-q").exit_code == 0
+    names = sorted(p.name for p in (tmp_path / "set").iterdir())
+    assert len(names) == 4  # three shards and the index
+    for name in names:
+        assert _get(bucket, f"set/{name}") == (tmp_path / "set" / name).read_bytes()
+    with safe_open(str(tmp_path / "set" / names[0]), "pt") as f:
+        assert f.metadata()["ckptport.source_sha256"] == hashlib.sha256(
+            source.read_bytes()).hexdigest()
+
+
+def test_a_first_part_sent_last_that_fails_leaves_nothing(bucket, source, run):
+    """The parts holding the shards' headers go at the commit, after the index and every
+    other part: one refused then aborts every upload, and nothing appears."""
+    from ckptport.remote.deadline import Timeout
+    from ckptport.remote.s3 import client
+
+    sent: list[tuple[str, int]] = []
+
+    def noted(params: Any, **kwargs: Any) -> None:
+        sent.append((params["Key"], int(params["PartNumber"])))
+
+    events = client(Timeout.from_env()).meta.events
+    events.register("provide-client-params.s3.UploadPart", noted)
+    try:
+        made = run("normalize", source, f"s3://{BUCKET}/ok/", "--max-shard-size", "5MB", "-q")
+    finally:
+        events.unregister("provide-client-params.s3.UploadPart", noted)
+    assert made.exit_code == 0, made.stderr
+    index = next(i for i, (key, _) in enumerate(sent) if ".index.json" in key)
+    firsts = [i for i, (key, n) in enumerate(sent) if n == 1 and ".index.json" not in key]
+    assert len(firsts) == 3 and min(firsts) > index
+    assert len(sent) == 4  # each shard one part, sent last; the index
+    for key in _keys(bucket):
+        bucket.delete_object(Bucket=BUCKET, Key=key)
+    remove = _inject("UploadPart", lambda: _response(500, "InternalError"),
+                     after=len(sent) - 1)
+    try:
+        refused = run("normalize", source, f"s3://{BUCKET}/late/", "--max-shard-size", "5MB",
+                      "-q")
+    finally:
+        remove()
+    assert refused.exit_code == 2 and "InternalError" in refused.stderr
+    _nothing_left(bucket)
 
 
 def test_a_bounded_spool_drops_the_oldest_and_never_reads_a_hole():
@@ -311,11 +390,11 @@ def test_what_the_server_stored_is_verified(bucket, source, run):
 def test_read_back_streams_blocks_resumes_a_break_and_compares_every_block(
         bucket, source, run, monkeypatch):
     """The read-back is a few streamed requests (one span per connection), compared block by
-    block; a body that breaks mid-span is asked again from that block; a block that differs
-    from the local bytes is refused naming its bytes, and nothing appears."""
+    block; a body that breaks mid-span is asked again from that block; bytes that read back
+    different from those sent are refused naming the part, and nothing appears."""
     from ckptport.remote import s3
 
-    monkeypatch.setattr(upload, "READ_BACK", MiB)
+    monkeypatch.setattr(parts, "READ_BACK", MiB)
     body = s3.S3Object._body
     calls = {"blocks": 0, "broke": 0}
 
@@ -330,18 +409,16 @@ def test_read_back_streams_blocks_resumes_a_break_and_compares_every_block(
     made = run("normalize", source, f"s3://{BUCKET}/streamed.pth", "-q", "--format", "json")
     assert made.exit_code == 0, made.stderr
     assert calls["broke"] == 1 and calls["blocks"] >= 13  # 12 MiB in 1 MiB blocks, one again
-    import os
+    seen = [0]
 
-    class Lying:  # upload's os, whose pread of the local file differs from 4 MiB on
-        def __getattr__(self, name: str) -> Any:
-            return getattr(os, name)
+    def lying(self: Any, stream: Any, buffer: memoryview, late: Any, last: bool) -> int:
+        got = body(self, stream, buffer, late, last)
+        seen[0] += 1
+        if seen[0] == 5:  # the server hands back one block with a bit flipped
+            buffer[0] ^= 1
+        return got
 
-        @staticmethod
-        def pread(fd: int, n: int, at: int) -> bytes:
-            data = os.pread(fd, n, at)
-            return data if at < 4 * MiB else bytes([data[0] ^ 1]) + data[1:]
-
-    monkeypatch.setattr(upload, "os", Lying())
+    monkeypatch.setattr(s3.S3Object, "_body", lying)
     refused = run("normalize", source, f"s3://{BUCKET}/differs.pth", "-q")
     assert refused.exit_code == 2 and "reads back different in bytes" in refused.stderr
     _nothing_left(bucket, keep=("streamed.pth",))

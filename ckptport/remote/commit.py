@@ -25,6 +25,7 @@ forces LFS).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ from .urls import RemotePath, RemoteURL
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitOperationAdd
+
+    from .upload import LateBytes
 
 __all__ = ["HubStore", "Uploaded", "INLINE", "DEFERRED"]
 
@@ -118,9 +121,15 @@ class HubStore:
 
     # -- uploading
 
-    def stage(self, local: Path, name: str, verify: bool = True) -> Uploaded:
+    def stage(self, local: Path, name: str, verify: bool = True,
+              late: LateBytes | None = None) -> Uploaded:
         """Upload ``local`` (LFS, before any commit names it); small files are kept to go
-        in the commit itself."""
+        in the commit itself. An LFS upload is named by the file's sha256, so bytes still
+        to be computed (``late``) are waited for and written in first."""
+        if late is not None:
+            value = late.value()
+            with open(local, "r+b") as file:
+                os.pwrite(file.fileno(), value, late.offset)
         add = self.hub.CommitOperationAdd
         size = local.stat().st_size
         operation = add(self.folder + name, local.read_bytes() if size <= INLINE else str(local))

@@ -24,32 +24,28 @@ room for the whole object and 1 GiB more, and never with
 
 from __future__ import annotations
 
-import bisect
-import collections
 import io
-import os
-import shutil
-import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..sources import SourceFile, libc_fallocate
+from ..sources import SourceFile
 from . import meter
 from .fetching import ATTEMPTS, Backend, NotFound, Transient, missing_extra, retrying
+from .spool import Spool
 from .urls import KEEP_FETCHED
 
 if TYPE_CHECKING:
     from .urls import RemotePath
 
-__all__ = ["Backend", "RemoteFile", "RemoteStream", "Transient", "NotFound", "open_remote",
-           "opened", "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
+__all__ = ["Backend", "RemoteFile", "RemoteStream", "Spool", "Transient", "NotFound",
+           "open_remote", "opened", "retrying", "missing_extra", "ATTEMPTS", "READ_AHEAD"]
 
 READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local header + its name)
 SPLIT_MIN = 1 << 20  # a read is split over the connections in ranges of at least this much
 AHEAD_PIECE = 2 << 20  # what one prefetching connection fetches at a time
-SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
 
 def open_remote(path: RemotePath) -> RemoteFile:
@@ -93,17 +89,21 @@ class RemoteFile(SourceFile):
         self._lock = threading.Lock()
         self._mapped = None
         self._ahead = threading.local()
-        keep = path.pins.get(KEEP_FETCHED)
-        self.spool = Spool.for_size(backend.size, None if keep is True else keep) \
-            if keep else None
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._ahead_until = 0  # the prefetch has queued the bytes before this
         self.connections = path.transfers.connections
         self.split = max(SPLIT_MIN, backend.least)  # a split read's ranges are at least this
         self.ahead = max(AHEAD_PIECE, backend.least)  # what one prefetch request fetches
+        keep = path.pins.get(KEEP_FETCHED)
+        # a window of ``keep`` bytes holds that much behind the reader: the prefetch's
+        # bytes ahead of it come on top (else they push out what is read again)
+        self.spool = Spool.for_size(backend.size, None if keep is True else
+                                    keep + 2 * self.connections * self.ahead) if keep else None
         self._pool: ThreadPoolExecutor | None = None  # the connections' threads
         self._stuck = False  # a range outlived the command's deadline
+        # told of every read (its offset, its bytes) once they are in: ``readhash``
+        self.watch: Callable[[RemoteFile, int, memoryview], None] | None = None
         meter.uses(self.connections)
 
     def stream(self) -> RemoteStream:
@@ -148,6 +148,8 @@ class RemoteFile(SourceFile):
         thread is taken as reading sequentially once a read starts where its previous one
         ended."""
         streaming = getattr(self._ahead, "end", None) == offset
+        if not streaming and not getattr(self._ahead, "end", -1) <= offset < self._ahead_until:
+            self._cancel_ahead()
         self._ahead.end = start = offset + n
         if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
             return
@@ -157,9 +159,22 @@ class RemoteFile(SourceFile):
                 self._ahead_pool = ThreadPoolExecutor(self.connections,
                                                       thread_name_prefix="ckptport-ahead")
             first = max(start, self._ahead_until if self._ahead_until <= stop + n else start)
-            for a in range(first, stop, self.ahead):
-                self._ahead_pool.submit(self._fetch_ahead, a, min(stop, a + self.ahead))
+            queued = [f for f in getattr(self._ahead, "queued", ()) if not f.done()]
+            queued += [self._ahead_pool.submit(self._fetch_ahead, a, min(stop, a + self.ahead))
+                       for a in range(first, stop, self.ahead)]
+            self._ahead.queued = queued
             self._ahead_until = max(first, stop)
+
+    def _cancel_ahead(self) -> None:
+        """This thread's reader went elsewhere: what it queued ahead and is not yet being
+        fetched is dropped (it would fill the spool's window with bytes nobody reads,
+        pushing out those about to be read again)."""
+        queued = getattr(self._ahead, "queued", ())
+        cancelled = [f.cancel() for f in queued]  # every one, not up to the first
+        if any(cancelled):
+            with self._ahead_lock:
+                self._ahead_until = 0
+        self._ahead.queued = []
 
     def _fetch_ahead(self, start: int, stop: int) -> None:
         spool = self.spool
@@ -204,6 +219,12 @@ class RemoteFile(SourceFile):
             future.result()
 
     def _fill(self, offset: int, buffer: memoryview) -> None:
+        self._fill_kept(offset, buffer)
+        watch = self.watch
+        if watch is not None:
+            watch(self, offset, buffer)
+
+    def _fill_kept(self, offset: int, buffer: memoryview) -> None:
         """Fetch what the spool lacks (and keep it), read the rest from the spool."""
         if self.spool is None:
             self._get(offset, buffer)
@@ -219,6 +240,21 @@ class RemoteFile(SourceFile):
             self.spool.release(gaps)
         for start, stop in self.spool.read_held(offset, buffer, gaps):  # evicted meanwhile
             self._get(start, buffer[start - offset:stop - offset])
+
+    def holds(self, start: int, stop: int) -> bool:
+        """Whether the spool holds bytes ``start`` to ``stop`` (a read of them fetches
+        nothing, unless they are dropped meanwhile)."""
+        return self.spool is not None and not self.spool.missing(start, stop)
+
+    def fetch_unkept(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` from the spool if it holds all of it, else fetch it without
+        keeping it (a read that must not push out what the spool holds for others)."""
+        spool = self.spool
+        if spool is not None and self.holds(offset, offset + len(buffer)):
+            for start, stop in spool.read_held(offset, buffer, []):  # dropped meanwhile
+                self._get(start, buffer[start - offset:stop - offset])
+            return
+        self._get(offset, buffer)
 
     def changed(self) -> bool:
         return self.backend.current_version() != self.version
@@ -244,155 +280,6 @@ class RemoteFile(SourceFile):
         if self.spool is not None:
             self.spool.close()
             self.spool = None
-
-
-class Spool:
-    """Byte ranges of one object already fetched, in an unlinked temporary file.
-
-    With a ``limit``, at most that many bytes are held: the oldest ranges kept are
-    dropped (their blocks freed: a hole punched) to make room, and a later read of them
-    fetches them again. Held bytes are read under the lock, so a range is never dropped
-    while it is being read.
-    """
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
-        self.fd = self.file.fileno()
-        self._lock = threading.Condition()
-        self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
-        self._stops: list[int] = []
-        self._fetching: list[tuple[int, int]] = []  # ranges a thread is fetching now
-        self.limit = limit
-        self._kept: collections.deque[tuple[int, int]] = collections.deque()  # oldest first
-        self._held = 0
-
-    @classmethod
-    def for_size(cls, size: int, limit: int | None = None) -> Spool | None:
-        if os.environ.get("CKPTPORT_REMOTE_SPOOL") == "0":
-            return None
-        try:
-            free = shutil.disk_usage(tempfile.gettempdir()).free
-        except OSError:
-            return None
-        return cls(limit) if free > min(size, limit or size) + SPOOL_HEADROOM else None
-
-    def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """The parts of ``[start, stop)`` not held, in order."""
-        with self._lock:
-            return self._missing(start, stop)
-
-    def _missing(self, start: int, stop: int) -> list[tuple[int, int]]:
-        gaps = []
-        i = max(0, bisect.bisect_right(self._starts, start) - 1)
-        position = start
-        while position < stop and i < len(self._starts):
-            if self._stops[i] <= position:
-                i += 1
-                continue
-            if self._starts[i] >= stop:
-                break
-            if self._starts[i] > position:
-                gaps.append((position, self._starts[i]))
-            position = max(position, self._stops[i])
-            i += 1
-        if position < stop:
-            gaps.append((position, stop))
-        return gaps
-
-    def claim(self, start: int, stop: int, wait: bool = True) -> list[tuple[int, int]]:
-        """The parts of ``[start, stop)`` this thread must fetch (then ``keep`` and
-        ``release``). Parts another thread is fetching are waited for, not fetched twice:
-        the source's hash and the tensor reads of ``normalize`` meet on the same bytes.
-        Without ``wait`` (a prefetch), nothing is claimed while another fetch overlaps."""
-        with self._lock:
-            while True:
-                gaps = self._missing(start, stop)
-                if not any(a < y and x < b for a, b in gaps for x, y in self._fetching):
-                    self._fetching += gaps
-                    return gaps
-                if not wait:
-                    return []
-                self._lock.wait()
-
-    def release(self, gaps: list[tuple[int, int]]) -> None:
-        with self._lock:
-            for gap in gaps:
-                self._fetching.remove(gap)
-            self._lock.notify_all()
-
-    def keep(self, start: int, data: memoryview) -> None:
-        """Hold ``data`` (a range this thread claimed), dropping the oldest held ranges
-        beyond ``limit``."""
-        done = 0
-        try:
-            while done < len(data):
-                done += os.pwrite(self.fd, data[done:], start + done)
-        except OSError:  # the disk filled up: these bytes are fetched again if read again
-            return
-        with self._lock:
-            stop = start + len(data)
-            i = bisect.bisect_left(self._stops, start)  # first range that may touch
-            j = bisect.bisect_right(self._starts, stop)  # past the last that may touch
-            low, high = start, stop
-            if i < j:
-                low, high = min(start, self._starts[i]), max(stop, self._stops[j - 1])
-            self._starts[i:j] = [low]
-            self._stops[i:j] = [high]
-            if self.limit is None or not len(data):
-                return
-            self._kept.append((start, stop))
-            self._held += len(data)
-            while self._held > self.limit and len(self._kept) > 1:
-                self._drop(*self._kept.popleft())
-
-    def _drop(self, start: int, stop: int) -> None:
-        """Stop holding ``[start, stop)`` (inside one held range) and free its blocks."""
-        i = bisect.bisect_right(self._starts, start) - 1
-        low, high = self._starts[i], self._stops[i]
-        if i < 0 or not low <= start < stop <= high:  # not held whole: keep it (never lose
-            return  # track of a byte that is held)
-        pieces = [(a, b) for a, b in ((low, start), (stop, high)) if a < b]
-        self._starts[i:i + 1] = [a for a, _ in pieces]
-        self._stops[i:i + 1] = [b for _, b in pieces]
-        self._held -= stop - start
-        fallocate = libc_fallocate()
-        if fallocate is not None:  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-            fallocate(self.fd, 0x02 | 0x01, start, stop - start)
-
-    def read_held(self, offset: int, buffer: memoryview,
-                  fetched: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Fill ``buffer`` (from ``offset``) from the spool, but for the ``fetched`` ranges
-        already in it; the ranges no longer held (dropped meanwhile) are returned."""
-        end = offset + len(buffer)
-        wanted, position = [], offset
-        for start, stop in [*fetched, (end, end)]:
-            if position < start:
-                wanted.append((position, start))
-            position = stop
-        lost = []
-        with self._lock:
-            for start, stop in wanted:
-                gone = self._missing(start, stop)
-                lost += gone
-                held, position = [], start
-                for a, b in [*gone, (stop, stop)]:
-                    if position < a:
-                        held.append((position, a))
-                    position = b
-                for a, b in held:
-                    self.read_into(a, buffer[a - offset:b - offset])
-        return lost
-
-    def read_into(self, offset: int, buffer: memoryview) -> None:
-        done = 0
-        while done < len(buffer):
-            n = os.preadv(self.fd, [buffer[done:]], offset + done)
-            if n <= 0:
-                raise OSError("the spool file ended early")
-            done += n
-
-    def close(self) -> None:
-        self.file.close()
 
 
 class RemoteStream(io.RawIOBase):

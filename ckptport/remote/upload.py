@@ -9,11 +9,20 @@ beside its destination (``PREFIX/.NAME.<random>.ckptport-tmp``):
 2. the upload is completed, and what the server stored is read back: the
    size and ETag ``HeadObject`` gives (the multipart ETag is the MD5 of the
    parts' MD5s, computed here from the local bytes), then every byte by
-   range, compared bit for bit with the local file (itself verified against
-   the source before it was uploaded);
+   range, each part's sha256 compared with that of the bytes sent (the
+   local file, itself verified against the source before it was uploaded,
+   is gone by then: local disk holds one file at a time);
 3. only then is it copied server-side (``UploadPartCopy``, part for part,
    so the copy's ETag is the same content-derived ETag, checked again) to
    its final key, and the staging object is deleted.
+
+A file whose first bytes are not known yet (a safetensors shard's header
+holds the source's sha256, known once the whole source is read: ``LateBytes``)
+has every part but the first sent at once; the first part (5 MiB, or the
+header if larger) is kept in an unlinked temporary file and sent, with
+those bytes written in, when the set is committed (``finish``). So writing
+a shard set reads the source once: the first shard does not wait while the
+rest of the source is fetched again to be hashed.
 
 A run that fails or is interrupted aborts its open multipart uploads and
 deletes its staging objects: nothing appears under a destination name, and
@@ -31,64 +40,28 @@ import base64
 import hashlib
 import os
 import secrets
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import CkptportError, DeadlineError, OutputError, VerificationError
 from . import meter
 from .deadline import bounded
 from .fetching import Transient
+from .parts import LateBytes, Part, Staged, multipart_etag, parallel, read_back
 from .urls import RemotePath, RemoteURL
 
 if TYPE_CHECKING:
     from .s3 import Answer
 
-__all__ = ["S3Store", "Staged", "Part", "multipart_etag", "part_size", "TEMP_SUFFIX"]
+__all__ = ["S3Store", "Staged", "Part", "LateBytes", "multipart_etag", "part_size",
+           "TEMP_SUFFIX"]  # the parts' types are ``parts``', named here as the store's face
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 MAX_PARTS = 10_000
 PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
-READ_BACK = 8 << 20  # bytes compared at a time (a block of a streamed ranged read) reading back
 TEMP_SUFFIX = ".ckptport-tmp"
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Part:
-    number: int
-    start: int
-    stop: int
-    md5: bytes
-
-    @property
-    def etag(self) -> str:
-        return f'"{self.md5.hex()}"'
-
-
-@dataclass(frozen=True)
-class Staged:
-    """One file uploaded to its staging key and verified there."""
-
-    name: str  # the destination name, relative to the store's folder
-    key: str  # the staging key
-    size: int
-    parts: tuple[Part, ...]
-
-    @property
-    def etag(self) -> str:
-        return multipart_etag([p.md5 for p in self.parts])
-
-
-def multipart_etag(md5s: Iterable[bytes]) -> str:
-    """The ETag S3 gives a completed multipart upload: the MD5 of the parts' MD5s, ``-N``."""
-    digests = list(md5s)
-    return f'"{hashlib.md5(b"".join(digests)).hexdigest()}-{len(digests)}"'
-
 
 def part_size(size: int) -> int:
     """``PART_SIZE``, grown (by MiB) where the object would need more than 10,000 parts."""
@@ -96,21 +69,21 @@ def part_size(size: int) -> int:
     return -(-wanted // (1 << 20)) * (1 << 20)
 
 
-def _ranges(size: int, step: int) -> list[tuple[int, int]]:
-    return [(a, min(size, a + step)) for a in range(0, size, step)] or [(0, 0)]
+def _ranges(size: int, step: int, first: int = 0) -> list[tuple[int, int]]:
+    """``[0, size)`` in ranges of ``step``; with ``first`` (bytes sent last: kept until
+    then), the first range is as small as S3 allows that holds them: ``MIN_PART``, grown by
+    MiB."""
+    head = min(size, step if not first else max(MIN_PART, -(-first // (1 << 20)) * (1 << 20)))
+    rest = [(a, min(size, a + step)) for a in range(head, size, step)]
+    return [(0, head), *rest] if size else [(0, 0)]
 
 
-def _parallel(work: Callable[[T], R], items: list[T], connections: int) -> list[R]:
-    """``work`` over ``items`` on ``connections`` threads, results in order; the first
-    failure (or Ctrl-C) cancels what has not started and waits for what has."""
-    if connections <= 1 or len(items) <= 1:
-        return [work(item) for item in items]
-    pool = ThreadPoolExecutor(min(connections, len(items)), thread_name_prefix="ckptport-s3")
-    try:
-        futures = [pool.submit(work, item) for item in items]
-        return [future.result() for future in futures]
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+def send_later(fd: int, span: tuple[int, int], where: RemotePath) -> bytes:
+    """The first part's bytes, kept to be sent once its late bytes are known."""
+    data = os.pread(fd, span[1] - span[0], span[0])
+    if len(data) != span[1] - span[0]:
+        raise OutputError("the local copy changed while it was uploaded", where)
+    return data
 
 
 class S3Store:
@@ -134,6 +107,8 @@ class S3Store:
         self.uploads: dict[str, str] = {}  # key -> upload id, not yet completed
         self.staging: set[str] = set()  # staging objects not yet deleted
         self.created: list[str] = []  # final keys this run made, removed if it fails
+        # the first parts sent last (``finish``): on disk, a few MiB a file, not in memory
+        self.heads: BinaryIO | None = None
 
     def where(self, name: str) -> RemotePath:
         return RemotePath(RemoteURL("s3", self.bucket, self.folder + name),
@@ -223,12 +198,15 @@ class S3Store:
 
     # -- staging
 
-    def stage(self, local: Path, name: str, verify: bool = True) -> Staged:
+    def stage(self, local: Path, name: str, verify: bool = True,
+              late: LateBytes | None = None) -> Staged:
         """Upload ``local`` to a staging key and check what the server stored: its size and
-        ETag, and with ``verify`` every byte read back."""
+        ETag, and with ``verify`` every byte read back. With ``late``, the part holding
+        those bytes is kept and the upload left open for ``finish``."""
         where = self.where(name)
         key = f"{self.folder}.{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
         size = local.stat().st_size
+        spans = _ranges(size, part_size(size), 0 if late is None else late.offset + late.length)
         with open(local, "rb") as file:
             fd = file.fileno()
             upload = self._call("create_multipart_upload", where, Key=key)["UploadId"]
@@ -239,25 +217,62 @@ class S3Store:
                 data = os.pread(fd, stop - start, start)
                 if len(data) != stop - start:
                     raise OutputError("the local copy changed while it was uploaded", where)
-                md5 = hashlib.md5(data).digest()
-                answer = self._call("upload_part", where, Key=key, UploadId=upload,
-                                    PartNumber=number, Body=data,
-                                    ContentMD5=base64.b64encode(md5).decode())
-                if answer.get("ETag") != f'"{md5.hex()}"':
-                    raise VerificationError(f"S3 stored part {number} with ETag "
-                                            f"{answer.get('ETag')}, not the MD5 of its bytes",
-                                            where)
-                return Part(number, start, stop, md5)
+                return self._send(where, key, upload, number, start, data)
 
-            items = list(enumerate(_ranges(size, part_size(size)), start=1))
-            parts = tuple(_parallel(send, items, self.connections))
-            staged = Staged(name, key, size, parts)
-            self._complete(key, upload, parts, where, overwrite=True)
-            self.staging.add(key)
-            self._check_stored(key, staged, where)
-            if verify:
-                self._read_back(fd, staged, where)
-        return staged
+            items = list(enumerate(spans, start=1))
+            head = None if late is None else self._keep(send_later(fd, spans[0], where))
+            parts = tuple(parallel(send, items[0 if late is None else 1:], self.connections))
+        staged = Staged(name, key, size, parts, upload, head, late, verify)
+        return staged if late is not None else self.finish(staged)
+
+    def _keep(self, data: bytes) -> tuple[int, int]:
+        if self.heads is None:
+            self.heads = tempfile.TemporaryFile(prefix="ckptport-heads-")
+        at = self.heads.seek(0, os.SEEK_END)
+        self.heads.write(data)
+        return at, len(data)
+
+    def _kept(self, at: int, n: int) -> bytes:
+        assert self.heads is not None
+        self.heads.flush()
+        return os.pread(self.heads.fileno(), n, at)
+
+    def _send(self, where: RemotePath, key: str, upload: str, number: int, start: int,
+              data: bytes) -> Part:
+        md5 = hashlib.md5(data).digest()
+        answer = self._call("upload_part", where, Key=key, UploadId=upload, PartNumber=number,
+                            Body=data, ContentMD5=base64.b64encode(md5).decode())
+        if answer.get("ETag") != f'"{md5.hex()}"':
+            raise VerificationError(f"S3 stored part {number} with ETag {answer.get('ETag')}, "
+                                    "not the MD5 of its bytes", where)
+        return Part(number, start, start + len(data), md5, hashlib.sha256(data).digest())
+
+    def finish(self, staged: Staged) -> Staged:
+        """Complete a staged upload (its late bytes written into its first part, which is
+        sent now), check the ETag and size S3 gives it, read it back."""
+        if not staged.upload:
+            return staged  # completed and verified already
+        where = self.where(staged.name)
+        parts = staged.parts
+        if staged.head is not None and staged.late is not None:
+            late, head = staged.late, bytearray(self._kept(*staged.head))
+            value = late.value()
+            if len(value) != late.length:
+                raise VerificationError("the bytes written last changed the file's length",
+                                        where)
+            head[late.offset:late.offset + late.length] = value
+            parts = (self._send(where, staged.key, staged.upload, 1, 0, bytes(head)), *parts)
+        done = Staged(staged.name, staged.key, staged.size, parts)
+        self._complete(done.key, staged.upload, parts, where, overwrite=True)
+        self.staging.add(done.key)
+        self._check_stored(done.key, done, where)
+        if staged.verify:
+            from .s3 import S3Object
+
+            read_back(done, where, S3Object(RemotePath(RemoteURL("s3", self.bucket, done.key),
+                                                       transfers=self.transfers), self.client),
+                      self.connections)
+        return done
 
     def _complete(self, key: str, upload: str, parts: tuple[Part, ...], where: RemotePath,
                   overwrite: bool) -> None:
@@ -288,34 +303,6 @@ class S3Store:
                                     f"{head.get('ETag')}; {staged.size} bytes with ETag "
                                     f"{staged.etag} were uploaded", where)
 
-    def _read_back(self, fd: int, staged: Staged, where: RemotePath) -> None:
-        """Every byte of the staged object by range, compared with the local file."""
-        from .s3 import S3Object
-
-        remote = S3Object(RemotePath(RemoteURL("s3", self.bucket, staged.key),
-                                     transfers=self.transfers), self.client)
-        if remote.etag != staged.etag or remote.size != staged.size:
-            raise VerificationError("the staged object changed before it was read back", where)
-
-        def same(at: int, got: memoryview) -> None:
-            if got != os.pread(fd, len(got), at):
-                raise VerificationError(f"the uploaded object reads back different in bytes "
-                                        f"{at}-{at + len(got) - 1}", where)
-
-        def compare(span: tuple[int, int]) -> None:
-            start, stop = span
-            try:
-                remote.each_block(start, stop - start, READ_BACK, same)
-            except VerificationError:
-                raise
-            except CkptportError as exc:
-                raise OutputError(f"reading back what was uploaded: {exc.message}",
-                                  where) from None
-
-        if staged.size:  # one span per connection, each a few requests streamed block by block
-            spans = _ranges(staged.size, max(READ_BACK, -(-staged.size // self.connections)))
-            _parallel(compare, spans, self.connections)
-
     # -- publishing
 
     def publish(self, staged: Staged, overwrite: bool) -> RemotePath:
@@ -339,7 +326,7 @@ class S3Store:
                                         f"not {part.etag}", where)
             return part
 
-        _parallel(copy, list(staged.parts), self.connections)
+        parallel(copy, list(staged.parts), self.connections)
         self._complete(key, upload, staged.parts, where, overwrite)
         self.created.append(key)  # made by this run: a failure before the end removes it
         self._check_stored(key, staged, where)
@@ -350,7 +337,8 @@ class S3Store:
                message: str = "", description: str = "") -> RemotePath:
         """Publish ``staged`` in order (a set's index last), then delete ``stale`` names; S3
         has no commit message (``message``, ``description`` are for the hub)."""
-        for item in staged:
+        finished = [self.finish(item) for item in staged]  # all verified before any appears
+        for item in finished:
             self.publish(item, overwrite)
         for name in stale:
             self.remove(name)
@@ -395,6 +383,9 @@ class S3Store:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  *rest: object) -> None:
+        if self.heads is not None:
+            self.heads.close()
+            self.heads = None
         if kind is None:
             return
         left = self.discard()

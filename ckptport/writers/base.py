@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..remote.urls import RemotePath
     from .provenance import Provenance
 
-__all__ = ["WriteOptions", "WriteResult", "Writer", "FileFormat", "Tap", "emit",
+__all__ = ["WriteOptions", "WriteResult", "Writer", "FileFormat", "Tap", "LatePatch", "emit",
            "count_tensors", "unique_bytes"]
 
 
@@ -38,6 +38,23 @@ def _nothing() -> None:
 
 Tap = Callable[[TensorLeaf, Iterable[memoryview]], Iterable[bytes | memoryview]]
 """Sees a tensor's pieces as a file writer writes them, and passes them on."""
+
+
+@dataclass(frozen=True)
+class LatePatch:
+    """Bytes of a written file not known until the whole source is read: a safetensors
+    header holding the source's sha256, left as a placeholder of the same length.
+
+    A writer patches them itself before its file is verified, waiting for the
+    value, unless ``WriteOptions.defer`` takes them: then the file is verified
+    with the placeholder and whoever took them writes ``value()`` over bytes
+    ``offset`` to ``offset + length`` later (an S3 upload sends that part last,
+    so a shard set is not held back while the rest of the source is hashed).
+    """
+
+    offset: int
+    length: int
+    value: Callable[[], bytes]
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,8 @@ class WriteOptions:
     # sees each tensor's pieces as a file writer writes them (``normalize --manifest``)
     tap: Tap | None = None
     jobs: int | None = None  # threads for verification (default: every core)
+    # takes the ``LatePatch`` a file writer would otherwise wait for and write itself
+    defer: Callable[[LatePatch], None] | None = None
 
 
 @dataclass(frozen=True)

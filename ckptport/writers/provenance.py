@@ -4,19 +4,22 @@ Formats with a place for it (``OutputFormat.metadata``: safetensors) build
 their own metadata from these facts; the command hands the facts over and
 never builds a format's metadata. The source's sha256 is always the hash of
 the files this run read (a ``source_sha256`` a source claims is never
-copied: ckptport cannot verify it). It costs a full read, so it is computed
-once, on a thread, from the moment a writer first asks for it, and the
-writer patches its placeholder when it is known.
+copied: ckptport cannot verify it). For local files it costs a full read,
+so it is computed once, on a thread, from the moment a writer first asks
+for it, and the writer patches its placeholder when it is known. For remote
+files a full read is a second download: the hash is fed by the reads the
+command makes anyway (``remote.readhash``) and finished (what they did not
+cover in order fetched) by the first caller of ``result()``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..remote.urls import Where
+from ..remote.urls import RemotePath, Where
 from ..sources import sha256_files
 
 __all__ = ["Provenance"]
@@ -36,9 +39,16 @@ class Provenance:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def sha256(self) -> Future[str]:
-        """The files' sha256, computed once on a thread of its own (hashlib frees the GIL)."""
+        """The files' sha256, computed once: local files on a thread of their own (hashlib
+        frees the GIL), remote ones from the command's own reads, finished on demand."""
         with self._lock:
             if not self._digest:
+                if self.files and all(isinstance(f, RemotePath) for f in self.files):
+                    from ..remote.readhash import ReadDigest
+
+                    reads = ReadDigest(tuple(f for f in self.files if isinstance(f, RemotePath)))
+                    self._digest.append(_OnDemand(reads.hexdigest))
+                    return self._digest[0]
                 future: Future[str] = Future()
                 self._digest.append(future)
                 threading.Thread(target=self._hash, args=(future,), daemon=True,
@@ -56,3 +66,22 @@ class Provenance:
             future.set_result(sha256_files(self.files))
         except BaseException as exc:  # handed to whoever waits for the digest
             future.set_exception(exc)
+
+
+class _OnDemand(Future[str]):
+    """A value computed by the first caller of ``result`` (a remote source's sha256: the
+    bytes its reads left unhashed are fetched only once it is wanted)."""
+
+    def __init__(self, compute: Callable[[], str]) -> None:
+        super().__init__()
+        self._compute = compute
+        self._once = threading.Lock()
+
+    def result(self, timeout: float | None = None) -> str:
+        with self._once:
+            if not self.done():
+                try:
+                    self.set_result(self._compute())
+                except BaseException as exc:  # raised to this caller and every later one
+                    self.set_exception(exc)
+        return super().result(timeout)

@@ -11,9 +11,16 @@ verified on the server) do they appear under their names: S3 copies each
 from its staging key (a shard set's index last, ``remote.upload``), the hub
 makes one commit or pull request with them all (``remote.commit``).
 
+A safetensors file's header holds the source's sha256, known only once the
+whole source is read: the writer leaves its placeholder (``LatePatch``) for
+the store, which sends that part last (S3, at the commit) or writes it in
+before uploading (the hub names an upload by its sha256), so a shard set's
+first shard is not held back while the rest of the source is fetched and
+hashed a second time.
+
 Why a local spool of one file, not parts streamed as the writer writes
-them: the writers patch what they wrote (a safetensors header holding the
-source's sha256 once hashed, a zip's local headers), and the verifying
+them: the writers patch what they wrote (a zip's local headers, a
+safetensors header), and the verifying
 readers (``torch.load``, the safetensors library) read a file, not a
 stream. The spool is one shard (``--max-shard-size``), so peak local disk is
 the largest shard, never the output; the temporary folder (``TMPDIR``)
@@ -35,7 +42,7 @@ from ..checkpoint import Checkpoint
 from ..errors import OutputError
 from ..remote import location
 from ..remote.urls import RemotePath
-from .base import WriteOptions, WriteResult, count_tensors, emit, unique_bytes
+from .base import LatePatch, WriteOptions, WriteResult, count_tensors, emit, unique_bytes
 from .formats import FORMATS, Kind
 from .plan import Destination, file_extension, plan_destination
 from .shards import ShardNames, ShardsWriter
@@ -155,6 +162,12 @@ class _Upload:
         # Any: name -> what the store's stage made (S3: a Staged, the hub: an Uploaded), which
         # its commit takes back
         self.uploaded: dict[str, Any] = {}
+        self.late: LatePatch | None = None  # what the file being written left to patch
+
+    def later(self, patch: LatePatch) -> None:
+        """``WriteOptions.defer``: the store writes these bytes in when it can (S3: its
+        first part sent last, at the commit; the hub: before the upload)."""
+        self.late = patch
 
     def check(self, checkpoint: Checkpoint, names: ShardNames, overwrite: bool) -> None:
         """Done by ``check_remote`` before the source was read."""
@@ -165,7 +178,8 @@ class _Upload:
             yield Path(folder)
 
     def staged(self, path: Path) -> None:
-        self.uploaded[path.name] = self.store.stage(path, path.name, self.options.verify)
+        late, self.late = self.late, None
+        self.uploaded[path.name] = self.store.stage(path, path.name, self.options.verify, late)
         path.unlink()  # local disk holds one file at a time
 
     def publish(self, staging: Path, files: list[str], names: ShardNames) -> None:
@@ -190,6 +204,7 @@ def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
         with tempfile.TemporaryDirectory(prefix="ckptport-upload-") as spool, store:
             local = replace(destination.local, path=Path(spool) / destination.local.path.name)
             sink = _Upload(store, Path(spool), options, message)
+            options = replace(options, defer=sink.later)
             if local.sharded:
                 result = ShardsWriter(fmt, sink).write(checkpoint, local, replace(
                     options, overwrite=False))

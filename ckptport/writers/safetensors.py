@@ -37,6 +37,7 @@ from ..tree import (
     format_path,
     iter_tensors,
 )
+from .base import LatePatch
 from .copy import RangeCopier
 from .staging import preallocate
 
@@ -97,7 +98,7 @@ class SafetensorsFile:
     def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> SafetensorsPlan:
         plan = plan_safetensors(tree, provenance_metadata(options.provenance), dst)
-        write_safetensors(plan, file, advance, options.tap)
+        write_safetensors(plan, file, advance, options.tap, options.defer)
         return plan
 
     def verify(self, path: Path, tree: Tree, written: SafetensorsPlan, options: WriteOptions,
@@ -171,7 +172,7 @@ def _layout(tensors: Mapping[str, TensorLeaf]) -> dict[str, Entry]:
 
 
 def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[int], None],
-                      tap: Tap | None = None
+                      tap: Tap | None = None, defer: Callable[[LatePatch], None] | None = None
                       ) -> None:
     preallocate(file, len(plan.header) + sum(e.end - e.start for e in plan.entries.values()))
     file.write(plan.header)
@@ -190,6 +191,9 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[
             done += len(piece)
             advance(len(piece))
     if any(isinstance(v, Late) for v in plan.metadata.values()):
+        if defer is not None:
+            defer(LatePatch(0, len(plan.header), plan.final_header))
+            return
         file.seek(0)
         file.write(plan.final_header())
         file.seek(0, 2)
