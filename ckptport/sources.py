@@ -60,8 +60,7 @@ def rereads_expected() -> bool | int:
 @functools.cache
 def libc_fallocate() -> Callable[[int, int, int, int], int] | None:
     """Linux's ``fallocate(fd, mode, offset, length)`` (None elsewhere): reserves blocks
-    for a file being written (``writers.staging``), punches holes in a spool
-    (``remote.objects``)."""
+    for a file being written (``writers.staging``)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -133,6 +132,10 @@ class SourceFile:
                                  f"{offset + len(buffer)} bytes were expected (truncated, or "
                                  "changed while it was read)", self.path)
             done += n
+
+    def expect(self, ranges: list[tuple[int, int]]) -> None:
+        """The byte ranges about to be read, in order (``tensors.announce``): a file that
+        fetches ahead (``remote.objects``) fetches these; a local one needs no telling."""
 
     def changed(self) -> bool:
         try:

@@ -135,9 +135,10 @@ def test_remote_source_to_remote_destination(bucket, source, run, tmp_path):
 
 def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, tmp_path,
                                                             monkeypatch):
-    """A remote shard set from a remote source: the source's spool holds at most one
-    shard's worth behind the reader and the prefetch's window ahead of it (the oldest
-    ranges are dropped and fetched again when read again)."""
+    """A remote shard set from a remote source: the source's spool holds at most the
+    latest ``KEPT_BEHIND`` bytes behind the reader and the prefetch's window ahead of it,
+    in memory (the oldest ranges are dropped and fetched again when read again); the set
+    is the local conversion's, bit for bit."""
     from ckptport.remote import objects
     from ckptport.remote.s3 import LEAST
 
@@ -150,13 +151,16 @@ def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, 
     def counting(self: Any, start: int, data: memoryview) -> None:
         kept(self, start, data)
         most[0] = max(most[0], self._held)
-        assert self.limit == 5_000_000 + window and self._held <= self.limit
+        assert self.limit == behind + window and self._held <= self.limit
+        assert self.file is None  # nothing of the source on local disk
 
+    behind = 1 << 20
     monkeypatch.setattr(objects.Spool, "keep", counting)
+    monkeypatch.setattr("ckptport.commands.normalize.file.KEPT_BEHIND", behind)
     result = run("normalize", f"s3://{BUCKET}/a/model.pth", f"s3://{BUCKET}/set/",
                  "--max-shard-size", "5MB", "-q")
     assert result.exit_code == 0, result.stderr
-    assert 0 < most[0] <= 5_000_000 + window
+    assert 0 < most[0] <= behind + window
     (tmp_path / "model.pth").write_bytes(_get(bucket, "a/model.pth"))
     assert run("normalize", tmp_path / "model.pth", tmp_path / "set", "--max-shard-size", "5MB",
                "-q").exit_code == 0
@@ -200,6 +204,135 @@ def test_remote_to_remote_set_reads_the_source_once(bucket, source, run, tmp_pat
     with safe_open(str(tmp_path / "set" / names[0]), "pt") as f:
         assert f.metadata()["ckptport.source_sha256"] == hashlib.sha256(
             source.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def small_window(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The source's spool bounded to 3 MiB with one connection (a quarter of ``source``):
+    a verification that read the source again would fetch it again."""
+    from ckptport.remote import objects, s3
+
+    monkeypatch.setattr(s3, "LEAST", 1 << 20)
+    monkeypatch.setattr(objects, "AHEAD_PIECE", 1 << 20)
+    monkeypatch.setattr("ckptport.commands.normalize.file.KEPT_BEHIND", 1 << 20)
+    return 3 << 20
+
+
+def test_remote_to_remote_is_verified_by_the_bytes_streamed(bucket, source, run, tmp_path,
+                                                            monkeypatch, small_window):
+    """The source's spool holds a window much smaller than a shard, and the source is still
+    fetched once: each tensor read back from the written shard is compared with the CRC-32
+    of the bytes streamed into it, not with the source fetched again."""
+    bucket.put_object(Bucket=BUCKET, Key="crc/ddp.pth", Body=source.read_bytes())
+    fetched = _fetched_from(monkeypatch, "crc/ddp.pth")
+    result = run("--connections", "1", "normalize", f"s3://{BUCKET}/crc/ddp.pth",
+                 f"s3://{BUCKET}/set/", "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert source.stat().st_size <= fetched[0] <= source.stat().st_size + (64 << 10)
+    assert source.stat().st_size > 3 * small_window
+    (tmp_path / "ddp.pth").write_bytes(source.read_bytes())
+    assert run("normalize", tmp_path / "ddp.pth", tmp_path / "set", "--max-shard-size", "5MB",
+               "-q").exit_code == 0
+    names = sorted(p.name for p in (tmp_path / "set").iterdir())
+    assert _keys(bucket) == ["crc/ddp.pth", *(f"set/{n}" for n in names)]
+    for name in names:
+        assert _get(bucket, f"set/{name}") == (tmp_path / "set" / name).read_bytes()
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "not-kept"])
+def test_a_source_read_out_of_its_order_is_fetched_once(bucket, run, tmp_path, monkeypatch,
+                                                        small_window, kept):
+    """A ``.safetensors`` file ckptport wrote lays its tensors out by name (``layer10``
+    before ``layer2``) and records the state dict's own order, which its readers restore:
+    shards grouped in that order read the source out of its order, ahead of its sha256.
+    The read-ahead follows the order the writer reads in (``expect``), and what was read
+    ahead of the hash is kept until it gets there: the source is fetched once through a
+    window of a quarter of it (the sniff's first and last bytes aside); without that
+    keeping, what was read ahead is fetched again to finish the hash."""
+    from ckptport.readers import open_checkpoint
+    from ckptport.remote import readhash
+    from ckptport.tree import iter_tensors
+
+    g = torch.Generator().manual_seed(5)
+    state = {f"layer{i}.weight": torch.randn(1024, 256, generator=g) for i in range(12)}
+    torch.save(state, tmp_path / "ordered.pth")
+    path = tmp_path / "named.safetensors"
+    assert run("normalize", tmp_path / "ordered.pth", path, "-q").exit_code == 0
+    offsets = [leaf.storage.blob.offset for _, leaf in iter_tensors(open_checkpoint(path).tree)]
+    assert offsets != sorted(offsets)  # the tree's order is not the file's
+    bucket.put_object(Bucket=BUCKET, Key="named/named.safetensors", Body=path.read_bytes())
+    if not kept:
+        monkeypatch.setattr(readhash, "PENDING", 0)
+    fetched = _fetched_from(monkeypatch, "named/named.safetensors")
+    result = run("--connections", "1", "normalize", f"s3://{BUCKET}/named/named.safetensors",
+                 f"s3://{BUCKET}/set/", "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    size = path.stat().st_size
+    assert size > 3 * small_window
+    if kept:
+        assert size <= fetched[0] <= size + (128 << 10)
+    else:
+        assert fetched[0] > size + (2 << 20)
+    assert run("normalize", path, tmp_path / "set", "--max-shard-size", "5MB",
+               "-q").exit_code == 0
+    names = sorted(p.name for p in (tmp_path / "set").iterdir())
+    assert len(names) == 4
+    for name in names:
+        assert _get(bucket, f"set/{name}") == (tmp_path / "set" / name).read_bytes()
+
+
+def test_a_byte_written_wrong_is_caught_by_the_bytes_streamed(bucket, source, run, monkeypatch,
+                                                              small_window):
+    """A shard that reads back one bit off what was streamed into it fails verification:
+    exit 2 naming the tensor, nothing in the bucket but the source."""
+    import os
+
+    from ckptport.writers import safetensors as writer
+
+    write = writer.write_safetensors
+
+    def flip_one_byte(plan, file, advance, tap=None, defer=None):
+        write(plan, file, advance, tap, defer)
+        name = next(iter(plan.entries))
+        at = len(plan.header) + plan.entries[name].start + 3
+        file.flush()
+        (byte,) = os.pread(file.fileno(), 1, at)
+        os.pwrite(file.fileno(), bytes([byte ^ 1]), at)
+
+    bucket.put_object(Bucket=BUCKET, Key="crc/ddp.pth", Body=source.read_bytes())
+    monkeypatch.setattr(writer, "write_safetensors", flip_one_byte)
+    result = run("--connections", "1", "normalize", f"s3://{BUCKET}/crc/ddp.pth",
+                 f"s3://{BUCKET}/set/", "--max-shard-size", "5MB", "-q")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"ckptport: error: s3://{BUCKET}/set/model-00001-of-00003."
+                                    "safetensors: written file reads back different: ")
+    assert result.stderr.rstrip().endswith("tensor bytes differ from the bytes written (CRC-32)")
+    _nothing_left(bucket, keep=("crc/ddp.pth",))
+
+
+def test_a_record_verified_by_its_crc_is_still_placed_by_zipfile(source):
+    """What the fresh read proved besides the bytes: a zip record read where Python's
+    zipfile does not place it is refused (torch and zipfile would disagree on it)."""
+    from dataclasses import replace
+
+    from ckptport.dtypes import dtype_of
+    from ckptport.errors import InputError
+    from ckptport.readers import open_checkpoint
+    from ckptport.tensors import Pending, TensorInfo
+    from ckptport.tree import iter_tensors
+    from ckptport.writers.verify import Independent
+
+    leaves = [leaf for _, leaf in iter_tensors(open_checkpoint(source).tree)]
+    assert leaves and all(isinstance(leaf, TensorInfo) for leaf in leaves)
+    with Independent() as independent:
+        for leaf in leaves:
+            independent.placed(leaf)  # where zipfile places it
+        blob = leaves[0].storage.blob
+        moved = replace(leaves[0], storage=replace(leaves[0].storage, blob=replace(
+            blob, offset=blob.offset + 64)))
+        for misplaced in (moved, Pending(moved, dtype_of(torch.float16))):
+            with pytest.raises(InputError, match="Python's zipfile places it at byte"):
+                independent.placed(misplaced)
 
 
 def test_a_first_part_sent_last_that_fails_leaves_nothing(bucket, source, run):

@@ -24,6 +24,7 @@ room for the whole object and 1 GiB more, and never with
 
 from __future__ import annotations
 
+import bisect
 import io
 import threading
 from collections.abc import Callable
@@ -47,6 +48,7 @@ READ_AHEAD = 256  # a read smaller than this fetches this much (a zip local head
 SPLIT_MIN = 1 << 20  # a read is split over the connections in ranges of at least this much
 AHEAD_PIECE = 2 << 20  # what one prefetching connection fetches at a time
 PREFETCH_MIN = 1 << 20  # reads this large are taken as streaming: the next range is prefetched
+PLAN_GAP = 64 << 10  # a planned range this close after the one before joins it (headers)
 
 def open_remote(path: RemotePath) -> RemoteFile:
     """Open ``path``: one request pins the object's version and size."""
@@ -92,6 +94,13 @@ class RemoteFile(SourceFile):
         self._ahead_lock = threading.Lock()
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._ahead_until = 0  # the prefetch has queued the bytes before this
+        # the ranges a writer is about to read, in order (``expect``); the plan's bytes
+        # before each range (and in all, last), the range last read in, and how far along
+        # the plan's bytes the prefetch has queued
+        self._plan: list[tuple[int, int]] = []
+        self._plan_before: list[int] = [0]
+        self._plan_index = 0
+        self._planned = 0
         self.connections = path.transfers.connections
         self.split = max(SPLIT_MIN, backend.least)  # a split read's ranges are at least this
         self.ahead = max(AHEAD_PIECE, backend.least)  # what one prefetch request fetches
@@ -140,13 +149,34 @@ class RemoteFile(SourceFile):
             self._fill(offset, buffer)
             self._prefetch(offset, len(buffer))
 
+    def expect(self, ranges: list[tuple[int, int]]) -> None:
+        """A writer is about to read ``ranges`` in this order: the prefetch follows them (a
+        read inside them queues the window of the next ones), not the bytes after each
+        read, which in a file whose tensors are written in another order than stored are
+        fetched for nothing and pushed out of the spool before they are read."""
+        plan: list[tuple[int, int]] = []
+        for start, stop in ranges:  # runs of the file read one after another: one range
+            if plan and 0 <= start - plan[-1][1] <= PLAN_GAP:
+                plan[-1] = (plan[-1][0], max(stop, plan[-1][1]))
+            else:
+                plan.append((start, stop))
+        before = [0]
+        for start, stop in plan:
+            before.append(before[-1] + stop - start)
+        with self._ahead_lock:
+            self._plan, self._plan_before = plan, before
+            self._plan_index = self._planned = 0
+
     def _prefetch(self, offset: int, n: int) -> None:
         """Fetch a sequential reader's next bytes while it works on these (spool only: they
         land there), so the network overlaps writing and hashing: a window of two
         ``AHEAD_PIECE`` ranges per connection, each fetched by one of ``connections``
         threads and claimed on its own (the reader waits only for the pieces it reads). A
         thread is taken as reading sequentially once a read starts where its previous one
-        ended."""
+        ended; with a plan (``expect``), the next bytes are the plan's."""
+        if self.spool is not None and self._plan:
+            self._prefetch_planned(offset + n)
+            return
         streaming = getattr(self._ahead, "end", None) == offset
         if not streaming and not getattr(self._ahead, "end", -1) <= offset < self._ahead_until:
             self._cancel_ahead()
@@ -164,6 +194,31 @@ class RemoteFile(SourceFile):
                        for a in range(first, stop, self.ahead)]
             self._ahead.queued = queued
             self._ahead_until = max(first, stop)
+
+    def _prefetch_planned(self, end: int) -> None:
+        """Queue the plan's next window after a read ending at ``end`` (a read outside the
+        plan queues nothing). Positions along the plan count its bytes from its start."""
+        window = 2 * self.connections * self.ahead
+        with self._ahead_lock:
+            plan, before = self._plan, self._plan_before
+            # the range this read ended in: the reader goes along the plan (not the file)
+            i = next((k for k in range(self._plan_index, len(plan))
+                      if plan[k][0] < end <= plan[k][1]), -1)
+            if i < 0:
+                return
+            self._plan_index = i
+            here = before[i] + end - plan[i][0]
+            at = max(here, self._planned)
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(self.connections,
+                                                      thread_name_prefix="ckptport-ahead")
+            while at < min(here + window, before[-1]):
+                k = bisect.bisect_right(before, at) - 1
+                start = plan[k][0] + at - before[k]
+                stop = min(plan[k][1], start + self.ahead, start + here + window - at)
+                self._ahead_pool.submit(self._fetch_ahead, start, stop)
+                at += stop - start
+            self._planned = at
 
     def _cancel_ahead(self) -> None:
         """This thread's reader went elsewhere: what it queued ahead and is not yet being

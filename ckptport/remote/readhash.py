@@ -8,10 +8,12 @@ disk holds one shard), so hashing beside the writer downloaded the source
 twice. Here the hash is fed by the reads themselves: each read that starts
 at or before the next unhashed byte and goes past it advances the hash, the
 files of a set in order (its index, then its shards, as ``sha256_files``
-hashes them). What the reads never covered in order (a gap, tensors read in
-another order than the file holds them) is fetched only when the value is
-wanted, from the same pinned versions, without passing through the spool
-(it would push out the bytes the verification is about to read again).
+hashes them). A read ahead of it (tensors written in another order than the
+file holds them: a safetensors file sorted by dtype, regrouped into shards)
+is kept, up to ``PENDING`` bytes in memory, until the hash gets there. What
+the reads never covered (a gap, what did not fit) is fetched only when the
+value is wanted, from the same pinned versions, without passing through the
+spool.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = ["ReadDigest"]
 FILL_CHUNK = 32 << 20  # what one fetch of the unhashed rest asks for
 CATCH_UP = 64 << 20  # the most held bytes hashed to catch up with a read ahead
 FETCH_UP = 1 << 20  # the most bytes not held fetched to catch up (a header, an index)
+PENDING = 256 << 20  # the most bytes read ahead of the hash kept until it gets there
 
 
 class ReadDigest:
@@ -40,6 +43,9 @@ class ReadDigest:
         self.lock = threading.Lock()  # the digest and the position
         self.once = threading.Lock()  # one caller fetches the rest
         self.value: str | None = None
+        # reads ahead of the next unhashed byte, by file number: (offset, bytes)
+        self.pending: dict[int, list[tuple[int, bytes]]] = {}
+        self.pending_bytes = 0
         for file in self.files:
             file.watch = self.saw
         self._skip_ended()
@@ -58,15 +64,39 @@ class ReadDigest:
             gap = sum(b - a for _, a, b in between)
             if gap > CATCH_UP or gap > FETCH_UP and not all(f.holds(a, b)
                                                             for f, a, b in between):
-                return  # left for ``hexdigest``
+                if self.pending_bytes + len(data) <= PENDING:  # else left for ``hexdigest``
+                    self.pending.setdefault(at, []).append((offset, bytes(data)))
+                    self.pending_bytes += len(data)
+                return
             while (self.index, self.position) < (at, offset):
                 self._hash_next(offset if self.index == at else self.files[self.index].size)
-            self.digest.update(data[self.position - offset:])
-            self.position = offset + len(data)
+            if self.index == at and self.position < offset + len(data):  # (not hashed from
+                self._hash(data[self.position - offset:])  # what was kept meanwhile)
+
+    def _hash(self, data: memoryview | bytes) -> None:
+        """Hash ``data``, the bytes at the next unhashed one, then what was kept of the
+        bytes after them."""
+        self.digest.update(data)
+        self.position += len(data)
+        self._skip_ended()
+        while self.index in self.pending:
+            pieces = self.pending[self.index]
+            kept = [(o, d) for o, d in pieces if o + len(d) > self.position]
+            self.pending_bytes -= sum(len(d) for o, d in pieces if o + len(d) <= self.position)
+            self.pending[self.index] = kept
+            here = next(((o, d) for o, d in kept if o <= self.position), None)
+            if here is None:
+                break
+            kept.remove(here)
+            self.pending_bytes -= len(here[1])
+            offset, piece = here
+            self.digest.update(memoryview(piece)[self.position - offset:])
+            self.position = offset + len(piece)
             self._skip_ended()
 
     def _skip_ended(self) -> None:
         while self.index < len(self.files) and self.position >= self.files[self.index].size:
+            self.pending_bytes -= sum(len(d) for _, d in self.pending.pop(self.index, ()))
             self.index, self.position = self.index + 1, 0
 
     def _between(self, at: int, offset: int) -> list[tuple[RemoteFile, int, int]]:
@@ -80,11 +110,11 @@ class ReadDigest:
     def _hash_next(self, stop: int) -> None:
         """Fetch and hash the current file's bytes up to ``stop`` (at most ``FILL_CHUNK``)."""
         file = self.files[self.index]
-        piece = memoryview(bytearray(min(FILL_CHUNK, stop - self.position)))
+        kept = [o for o, _ in self.pending.get(self.index, ()) if o > self.position]
+        stop = min(stop, self.position + FILL_CHUNK, *kept)  # not the bytes kept
+        piece = memoryview(bytearray(stop - self.position))
         file.fetch_unkept(self.position, piece)
-        self.digest.update(piece)
-        self.position += len(piece)
-        self._skip_ended()
+        self._hash(piece)
 
     def hexdigest(self) -> str:
         """The files' sha256: what the reads hashed, and the rest fetched now."""

@@ -2,9 +2,10 @@
 
 ``RemoteFile`` keeps what it fetches here when its command reads the source
 more than once (``sources.read_more_than_once``): writing and verifying then
-share one fetch of each byte. With a remote DST the spool is bounded (a
-window of the most recent ranges), so local disk holds a shard's worth of
-the source, not the source.
+share one fetch of each byte, on local disk. With a remote DST the spool is
+bounded (a window of the most recent ranges: what the prefetch brings ahead
+of the reader, what the source's hash catches up with) and held in memory,
+so local disk holds the file being written and nothing of the source.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import shutil
 import tempfile
 import threading
 
-from ..sources import libc_fallocate
-
 __all__ = ["Spool", "SPOOL_HEADROOM"]
 
 SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
@@ -26,15 +25,17 @@ SPOOL_HEADROOM = 1 << 30  # free space the spool leaves in the temporary folder
 class Spool:
     """Byte ranges of one object already fetched, in an unlinked temporary file.
 
-    With a ``limit``, at most that many bytes are held: the oldest ranges kept are
-    dropped (their blocks freed: a hole punched) to make room, and a later read of them
-    fetches them again. Held bytes are read under the lock, so a range is never dropped
-    while it is being read.
+    With a ``limit``, at most that many bytes are held, in memory: the oldest
+    ranges kept are dropped to make room, and a later read of them fetches them
+    again. Held bytes are read under the lock, so a range is never dropped while
+    it is being read.
     """
 
     def __init__(self, limit: int | None = None) -> None:
-        self.file = tempfile.TemporaryFile(prefix="ckptport-spool-")
-        self.fd = self.file.fileno()
+        self.file = tempfile.TemporaryFile(prefix="ckptport-spool-") if limit is None else None
+        self.fd = -1 if self.file is None else self.file.fileno()
+        self._pieces: dict[int, bytes] = {}  # bounded: each range kept, by its start
+        self._piece_starts: list[int] = []  # sorted
         self._lock = threading.Condition()
         self._starts: list[int] = []  # disjoint, sorted [start, stop) ranges held
         self._stops: list[int] = []
@@ -45,13 +46,17 @@ class Spool:
 
     @classmethod
     def for_size(cls, size: int, limit: int | None = None) -> Spool | None:
+        """A spool for an object of ``size`` bytes: a bounded one (in memory), or one on
+        disk where the temporary folder holds the object with room to spare; else None."""
         if os.environ.get("CKPTPORT_REMOTE_SPOOL") == "0":
             return None
+        if limit is not None:
+            return cls(limit)
         try:
             free = shutil.disk_usage(tempfile.gettempdir()).free
         except OSError:
             return None
-        return cls(limit) if free > min(size, limit or size) + SPOOL_HEADROOM else None
+        return cls() if free > size + SPOOL_HEADROOM else None
 
     def missing(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The parts of ``[start, stop)`` not held, in order."""
@@ -100,12 +105,16 @@ class Spool:
     def keep(self, start: int, data: memoryview) -> None:
         """Hold ``data`` (a range this thread claimed), dropping the oldest held ranges
         beyond ``limit``."""
-        done = 0
-        try:
-            while done < len(data):
-                done += os.pwrite(self.fd, data[done:], start + done)
-        except OSError:  # the disk filled up: these bytes are fetched again if read again
-            return
+        piece = b""
+        if self.limit is not None:
+            piece = bytes(data)
+        else:
+            done = 0
+            try:
+                while done < len(data):
+                    done += os.pwrite(self.fd, data[done:], start + done)
+            except OSError:  # the disk filled up: these bytes are fetched again if read again
+                return
         with self._lock:
             stop = start + len(data)
             i = bisect.bisect_left(self._stops, start)  # first range that may touch
@@ -117,13 +126,16 @@ class Spool:
             self._stops[i:j] = [high]
             if self.limit is None or not len(data):
                 return
+            self._pieces[start] = piece
+            bisect.insort(self._piece_starts, start)
             self._kept.append((start, stop))
             self._held += len(data)
             while self._held > self.limit and len(self._kept) > 1:
                 self._drop(*self._kept.popleft())
 
     def _drop(self, start: int, stop: int) -> None:
-        """Stop holding ``[start, stop)`` (inside one held range) and free its blocks."""
+        """Stop holding ``[start, stop)`` (a range kept, inside one held range) and free
+        its memory."""
         i = bisect.bisect_right(self._starts, start) - 1
         low, high = self._starts[i], self._stops[i]
         if i < 0 or not low <= start < stop <= high:  # not held whole: keep it (never lose
@@ -132,9 +144,8 @@ class Spool:
         self._starts[i:i + 1] = [a for a, _ in pieces]
         self._stops[i:i + 1] = [b for _, b in pieces]
         self._held -= stop - start
-        fallocate = libc_fallocate()
-        if fallocate is not None:  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-            fallocate(self.fd, 0x02 | 0x01, start, stop - start)
+        del self._pieces[start]
+        self._piece_starts.remove(start)
 
     def read_held(self, offset: int, buffer: memoryview,
                   fetched: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -161,6 +172,10 @@ class Spool:
         return lost
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
+        """Bytes held (a bounded spool's: read under the lock)."""
+        if self.file is None:
+            self._read_pieces(offset, buffer)
+            return
         done = 0
         while done < len(buffer):
             n = os.preadv(self.fd, [buffer[done:]], offset + done)
@@ -168,5 +183,19 @@ class Spool:
                 raise OSError("the spool file ended early")
             done += n
 
+    def _read_pieces(self, offset: int, buffer: memoryview) -> None:
+        at, end = offset, offset + len(buffer)
+        i = bisect.bisect_right(self._piece_starts, offset) - 1
+        while at < end:
+            start = self._piece_starts[i] if 0 <= i < len(self._piece_starts) else end
+            piece = self._pieces.get(start, b"")
+            if not start <= at < start + len(piece):
+                raise OSError(f"the spool does not hold byte {at}")
+            n = min(end, start + len(piece)) - at
+            buffer[at - offset:at - offset + n] = piece[at - start:at - start + n]
+            at, i = at + n, i + 1
+
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
+        self._pieces.clear()

@@ -19,7 +19,8 @@ beside its destination (``PREFIX/.NAME.<random>.ckptport-tmp``):
 A file whose first bytes are not known yet (a safetensors shard's header
 holds the source's sha256, known once the whole source is read: ``LateBytes``)
 has every part but the first sent at once; the first part (5 MiB, or the
-header if larger) is kept in an unlinked temporary file and sent, with
+header if larger) is kept (in memory, up to ``HEADS_IN_MEMORY`` in all, then
+in an unlinked temporary file) and sent, with
 those bytes written in, when the set is committed (``finish``). So writing
 a shard set reads the source once: the first shard does not wait while the
 rest of the source is fetched again to be hashed.
@@ -41,9 +42,10 @@ import hashlib
 import os
 import secrets
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from ..errors import CkptportError, DeadlineError, OutputError, VerificationError
 from . import meter
@@ -59,6 +61,7 @@ __all__ = ["S3Store", "Staged", "Part", "LateBytes", "multipart_etag", "part_siz
            "TEMP_SUFFIX"]  # the parts' types are ``parts``', named here as the store's face
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
+HEADS_IN_MEMORY = 64 << 20  # the first parts held back, beyond this on local disk
 MAX_PARTS = 10_000
 PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
 TEMP_SUFFIX = ".ckptport-tmp"
@@ -107,8 +110,10 @@ class S3Store:
         self.uploads: dict[str, str] = {}  # key -> upload id, not yet completed
         self.staging: set[str] = set()  # staging objects not yet deleted
         self.created: list[str] = []  # final keys this run made, removed if it fails
-        # the first parts sent last (``finish``): on disk, a few MiB a file, not in memory
-        self.heads: BinaryIO | None = None
+        # the first parts sent last (``finish``), 5 MiB or so a file: in memory up to
+        # ``HEADS_IN_MEMORY`` (local disk holds the shard being written, not these too)
+        self.heads: tempfile.SpooledTemporaryFile[bytes] | None = None
+        self._heads_lock = threading.Lock()
 
     def where(self, name: str) -> RemotePath:
         return RemotePath(RemoteURL("s3", self.bucket, self.folder + name),
@@ -226,16 +231,19 @@ class S3Store:
         return staged if late is not None else self.finish(staged)
 
     def _keep(self, data: bytes) -> tuple[int, int]:
-        if self.heads is None:
-            self.heads = tempfile.TemporaryFile(prefix="ckptport-heads-")
-        at = self.heads.seek(0, os.SEEK_END)
-        self.heads.write(data)
-        return at, len(data)
+        with self._heads_lock:
+            if self.heads is None:
+                self.heads = tempfile.SpooledTemporaryFile(HEADS_IN_MEMORY,
+                                                           prefix="ckptport-heads-")
+            at = self.heads.seek(0, os.SEEK_END)
+            self.heads.write(data)
+            return at, len(data)
 
     def _kept(self, at: int, n: int) -> bytes:
-        assert self.heads is not None
-        self.heads.flush()
-        return os.pread(self.heads.fileno(), n, at)
+        with self._heads_lock:
+            assert self.heads is not None
+            self.heads.seek(at)
+            return self.heads.read(n)
 
     def _send(self, where: RemotePath, key: str, upload: str, number: int, start: int,
               data: bytes) -> Part:

@@ -27,7 +27,7 @@ imported from here.
 
 from __future__ import annotations
 
-from .data import CHUNK_BYTES, chunks, file_range, realize, to_numpy, to_torch
+from .data import CHUNK_BYTES, announce, chunks, file_range, realize, to_numpy, to_torch
 from .leaves import (
     Blob,
     Computed,
@@ -50,4 +50,4 @@ from .leaves import (
 __all__ = ["Blob", "StorageInfo", "TensorInfo", "Pending", "Computed", "ViewKey", "view_key",
            "group_by_storage", "storage_key", "storage_nbytes", "nbytes", "is_compact",
            "location", "chunks", "to_torch", "to_numpy", "contiguous_strides", "human_bytes",
-           "CHUNK_BYTES", "extent", "realize", "file_range"]
+           "CHUNK_BYTES", "extent", "realize", "file_range", "announce"]

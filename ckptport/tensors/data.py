@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from ..dtypes import dtype_of
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from ..sources import SourceFile
 
-__all__ = ["CHUNK_BYTES", "chunks", "file_range", "to_numpy", "to_torch", "realize"]
+__all__ = ["CHUNK_BYTES", "chunks", "file_range", "announce", "to_numpy", "to_torch",
+           "realize"]
 
 CHUNK_BYTES = 1 << 24  # 16 MiB: what one read, hash or comparison step holds
 
@@ -76,6 +77,33 @@ def file_range(leaf: TensorLeaf) -> tuple[SourceFile, int, int] | None:
     start, total = leaf.offset * leaf.dtype.itemsize, nbytes(leaf)
     blob._check(start, total)
     return blob.file, blob.offset + start, total
+
+
+def announce(leaves: Iterable[TensorLeaf]) -> None:
+    """Tell each source file the byte ranges a writer is about to read, in the order it
+    reads them (``SourceFile.expect``): a remote one prefetches those, not the bytes after
+    the last read (a shard's tensors lie apart in the source when their order is not the
+    file's: a safetensors file sorted by dtype, a set of shards regrouped)."""
+    plans: dict[int, tuple[SourceFile, list[tuple[int, int]]]] = {}
+    for leaf in leaves:
+        for file, start, stop in _read_ranges(leaf):
+            plans.setdefault(id(file), (file, []))[1].append((start, stop))
+    for file, ranges in plans.values():
+        file.expect(ranges)
+
+
+def _read_ranges(leaf: TensorLeaf) -> Iterator[tuple[SourceFile, int, int]]:
+    """Where ``chunks(leaf)`` reads, in order (a contiguous tensor of a file; its inputs)."""
+    if isinstance(leaf, Pending):
+        yield from _read_ranges(leaf.source)
+    elif isinstance(leaf, Computed):
+        for source in leaf.inputs:
+            yield from _read_ranges(source)
+    elif isinstance(leaf, TensorInfo) and leaf.numel() and leaf.is_contiguous():
+        blob = leaf.storage.blob
+        if blob.file is not None and blob.data is None:
+            start = blob.offset + leaf.offset * leaf.dtype.itemsize
+            yield blob.file, start, start + nbytes(leaf)
 
 
 def _memory_chunks(data: memoryview, size: int) -> Iterator[memoryview]:

@@ -27,6 +27,7 @@ from .staging import StagedFile
 if TYPE_CHECKING:
     from ..remote.urls import RemotePath
     from .provenance import Provenance
+    from .streamed import StreamedCrcs
 
 __all__ = ["WriteOptions", "WriteResult", "Writer", "FileFormat", "Tap", "LatePatch", "emit",
            "count_tensors", "unique_bytes"]
@@ -78,6 +79,20 @@ class WriteOptions:
     jobs: int | None = None  # threads for verification (default: every core)
     # takes the ``LatePatch`` a file writer would otherwise wait for and write itself
     defer: Callable[[LatePatch], None] | None = None
+    # verify against the CRC-32 of the bytes streamed, not a second read of the source
+    # (a remote source to a remote DST: ``writers.streamed``)
+    streamed: StreamedCrcs | None = None
+
+    @property
+    def taps(self) -> Tap | None:
+        """What sees each tensor's pieces as a file writer writes them: ``tap``, and
+        ``streamed``'s record of them."""
+        tap, streamed = self.tap, self.streamed
+        if streamed is None:
+            return tap
+        if tap is None:
+            return streamed.tap
+        return lambda leaf, pieces: streamed.tap(leaf, tap(leaf, pieces))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..dtypes import dtype_of
 from ..errors import OutputError
-from ..tensors import chunks, contiguous_strides, file_range, nbytes, view_key
+from ..tensors import announce, chunks, contiguous_strides, file_range, nbytes, view_key
 from ..tree import Leaf, TensorLeaf, Tree, format_path, is_tensor, iter_tensors, rebuild_dict
 from ..treejson import sorted_items
 from .staging import preallocate
@@ -63,6 +63,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=PICKLE_PROTOCOL)
         self.location, self.tap = location, tap
         self.records: dict[str, tuple[Produce, int, Range | None]] = {}
+        self.leaves: list[TensorLeaf] = []  # each record's, in the records' order
         self._keys: dict[Hashable, str] = {}
 
     def _key(self, identity: Hashable, produce: Produce, size: int, where: Range | None = None
@@ -86,7 +87,10 @@ class _Pickler(pickle.Pickler):
         real = dtype.to_torch()
         size = nbytes(obj)
         produce = partial(chunks, obj) if self.tap is None else partial(_tapped, self.tap, obj)
-        key = self._key(view_key(obj), produce, size, file_range(obj))
+        identity = view_key(obj)
+        if identity not in self._keys:
+            self.leaves.append(obj)
+        key = self._key(identity, produce, size, file_range(obj))
         shape = tuple(obj.shape)
         stride = contiguous_strides(shape)
         hooks: OrderedDict[str, object] = OrderedDict()  # backward hooks: never any
@@ -168,13 +172,13 @@ class PthFile:
     def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> None:
         require_torch_dtypes(tree, dst)
-        write_pth(tree, file, options.anchor, advance, options.tap)
+        write_pth(tree, file, options.anchor, advance, options.taps)
 
     def verify(self, path: Path, tree: Tree, written: None, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_pth
 
-        verify_pth(path, tree, options.anchor, advance, options.jobs)
+        verify_pth(path, tree, options.anchor, advance, options.jobs, options.streamed)
 
 
 def require_torch_dtypes(tree: Tree, dst: Path) -> None:
@@ -206,6 +210,7 @@ def write_pth(tree: Tree, file: BinaryIO, anchor: str, advance: Callable[[int], 
     archive.record(".format_version", [b"1"])
     archive.record(".storage_alignment", [b"64"])
     archive.record("byteorder", [sys.byteorder.encode()])
+    announce(pickler.leaves)
     for key, (produce, _, where) in pickler.records.items():
         archive.record(f"data/{key}", _counted(produce(), advance), where)
     archive.record("version", [b"3\n"])

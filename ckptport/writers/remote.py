@@ -3,7 +3,9 @@
 
 Each output file (the file, or one shard of a set) is written into a local
 spool folder exactly as a local output is, and verified there against an
-independent read of the source (``writers.verify``). Then it is uploaded
+independent read of the source (``writers.verify``), or, the source being
+remote too, against what was streamed from it (``writers.streamed``: a
+second read would be a second download). Then it is uploaded
 and what the server stored is read back and compared bit for bit with it
 (``remote.upload``); the local copy is deleted before the next shard is
 written. Only when every file of the output is uploaded (and, on S3,
@@ -23,8 +25,8 @@ them: the writers patch what they wrote (a zip's local headers, a
 safetensors header), and the verifying
 readers (``torch.load``, the safetensors library) read a file, not a
 stream. The spool is one shard (``--max-shard-size``), so peak local disk is
-the largest shard, never the output; the temporary folder (``TMPDIR``)
-must hold it.
+the largest shard, never the output (a remote source's spool is a window in
+memory: ``remote.spool``); the temporary folder (``TMPDIR``) must hold it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import Checkpoint
-from ..errors import OutputError
+from ..errors import OutputError, VerificationError
 from ..remote import location
 from ..remote.urls import RemotePath
 from .base import LatePatch, WriteOptions, WriteResult, count_tensors, emit, unique_bytes
@@ -217,6 +219,10 @@ def write_remote(checkpoint: Checkpoint, destination: RemoteDestination,
                 sink.commit([destination.name], [])
                 result = WriteResult(destination.url, fmt.name, count_tensors(checkpoint.tree),
                                      unique_bytes(checkpoint.tree), options.verify)
+    except VerificationError as exc:  # name what it was written for, not its local spool
+        name = Path(exc.path).name if exc.path and destination.local.sharded else ""
+        raise VerificationError(exc.message, destination.url / name if name else
+                                destination.url) from exc
     except OSError as exc:
         raise os_error(exc, Path(tempfile.gettempdir())) from exc
     notes = tuple(f"{what}: {url}" for what, url in (

@@ -24,7 +24,7 @@ from .._version import __version__
 from ..containers.safetensors import METADATA_KEY, Entry, encode_header
 from ..dtypes import dtype_of
 from ..errors import OutputError
-from ..tensors import ViewKey, chunks, file_range, nbytes, view_key
+from ..tensors import ViewKey, announce, chunks, file_range, nbytes, view_key
 from ..tree import (
     KEY_ALIASES,
     KEY_RULES,
@@ -98,14 +98,15 @@ class SafetensorsFile:
     def write(self, tree: Tree, file: BinaryIO, dst: Path, options: WriteOptions,
               advance: Callable[[int], None]) -> SafetensorsPlan:
         plan = plan_safetensors(tree, provenance_metadata(options.provenance), dst)
-        write_safetensors(plan, file, advance, options.tap, options.defer)
+        write_safetensors(plan, file, advance, options.taps, options.defer)
         return plan
 
     def verify(self, path: Path, tree: Tree, written: SafetensorsPlan, options: WriteOptions,
                advance: Callable[[int], None]) -> None:
         from .verify import verify_safetensors
 
-        verify_safetensors(path, written.entries, tree, advance, options.jobs)
+        verify_safetensors(path, written.entries, tree, advance, options.jobs,
+                           options.streamed)
 
 
 SHA256_HEX_WIDTH = 64
@@ -176,6 +177,7 @@ def write_safetensors(plan: SafetensorsPlan, file: BinaryIO, advance: Callable[[
                       ) -> None:
     preallocate(file, len(plan.header) + sum(e.end - e.start for e in plan.entries.values()))
     file.write(plan.header)
+    announce(plan.tensors[name] for name in plan.entries)
     copier = RangeCopier(file)
     for name in plan.entries:
         tensor = plan.tensors[name]

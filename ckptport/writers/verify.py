@@ -14,6 +14,10 @@ Both sides are read afresh, by readers other than the ones that wrote:
   casts computed again from those bytes.
 
 Every tensor is compared bit for bit, piece by piece, and ties must survive.
+A remote source written to a remote DST is the exception: its tensors are
+compared with the CRC-32 of the bytes the writer streamed (``streamed``:
+a second read there is a second download), its zip records' placement
+still proven by zipfile.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from ..tree import TensorLeaf, Tree
 
 if TYPE_CHECKING:
     import torch
+
+    from .streamed import StreamedCrcs
 
 __all__ = ["verify_pth", "verify_safetensors", "Independent"]
 
@@ -96,8 +102,13 @@ class Independent:
         return archive
 
     def _from_zip(self, leaf: TensorInfo) -> Iterator[bytes | memoryview]:
-        """The member's bytes where Python's zipfile locates them (its own parse of the
-        central directory and the local header), read by position."""
+        """The member's bytes where Python's zipfile locates them, read by position."""
+        storage = replace(leaf.storage, blob=self._located(leaf))
+        yield from chunks(replace(leaf, storage=storage))
+
+    def _located(self, leaf: TensorInfo) -> Blob:
+        """The member's bytes as Python's zipfile places them (its own parse of the central
+        directory and the local header)."""
         blob = leaf.storage.blob
         assert blob.file is not None and blob.member is not None
         source = blob.file
@@ -115,9 +126,19 @@ class Independent:
                              f"zipfile ({exc}); torch and zipfile would disagree on it",
                              source.path) from None
         data_offset = info.header_offset + 30 + name_length + extra_length
-        again = Blob(source, data_offset, info.file_size, name=f"record {blob.member}")
-        storage = replace(leaf.storage, blob=again)
-        yield from chunks(replace(leaf, storage=storage))
+        return Blob(source, data_offset, info.file_size, name=f"record {blob.member}")
+
+    def placed(self, leaf: TensorLeaf) -> None:
+        """What a fresh read would prove of a leaf known by its streamed bytes' CRC-32: the
+        zip record it was read from lies where Python's zipfile places it."""
+        if isinstance(leaf, Pending):
+            self.placed(leaf.source)
+        elif isinstance(leaf, TensorInfo) and leaf.storage.blob.member is not None:
+            blob, located = leaf.storage.blob, self._located(leaf).offset
+            if located != blob.offset and blob.file is not None:
+                raise InputError(f"record {blob.member} was read at byte {blob.offset}, but "
+                                 f"Python's zipfile places it at byte {located}; torch and "
+                                 "zipfile would disagree on it", blob.file.path)
 
     def __enter__(self) -> Independent:
         return self
@@ -146,18 +167,25 @@ def _cast(raw: bytearray, leaf: Pending) -> torch.Tensor:
 
 
 def _expect_same(path: Path, expected: Tree, actual: Tree, advance: Advance,
-                 jobs: int | None) -> None:
+                 jobs: int | None, streamed: StreamedCrcs | None) -> None:
     with Independent() as independent:
+
+        def crc(leaf: TensorLeaf) -> int | None:
+            known = None if streamed is None else streamed.expected(leaf)
+            if known is None:
+                return _streamed(leaf)
+            independent.placed(leaf)
+            return known
+
         problems = tree_mismatches(expected, actual, on_tensor=advance,
-                                   expected_pieces=independent, jobs=jobs,
-                                   expected_crc=_streamed)
+                                   expected_pieces=independent, jobs=jobs, expected_crc=crc)
     if problems:
         raise VerificationError("written file reads back different: " + "; ".join(problems),
                                 path)
 
 
 def verify_pth(path: Path, expected: Tree, anchor: str, advance: Advance,
-               jobs: int | None = None) -> None:
+               jobs: int | None = None, streamed: StreamedCrcs | None = None) -> None:
     import torch
 
     try:
@@ -170,11 +198,12 @@ def verify_pth(path: Path, expected: Tree, anchor: str, advance: Advance,
     except Exception as exc:  # any failure to load is the finding itself
         raise VerificationError(f"written file does not load with weights_only=True: {exc}",
                                 path) from exc
-    _expect_same(path, expected, actual, advance, jobs)
+    _expect_same(path, expected, actual, advance, jobs, streamed)
 
 
 def verify_safetensors(path: Path, entries: Mapping[str, Entry], expected: Tree,
-                       advance: Advance, jobs: int | None = None) -> None:
+                       advance: Advance, jobs: int | None = None,
+                       streamed: StreamedCrcs | None = None) -> None:
     """The file's names, dtypes and shapes as the safetensors library reads them against the
     planned ``entries``, then every tensor's bytes against the source's."""
     from safetensors import safe_open
@@ -199,4 +228,4 @@ def verify_safetensors(path: Path, entries: Mapping[str, Entry], expected: Tree,
     written = open_checkpoint(path)
     if written.source.notes:
         raise VerificationError("; ".join(written.source.notes), path)
-    _expect_same(path, expected, written.tree, advance, jobs)
+    _expect_same(path, expected, written.tree, advance, jobs, streamed)

@@ -10,7 +10,6 @@ one tensor at a time by the writer. What an output records of its source
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from ...errors import (
 from ...progress import Progress, no_progress
 from ...quant.torchao_layout import output_metadata
 from ...readers import Source, open_checkpoint, resolve
+from ...remote.readhash import CATCH_UP
 from ...remote.urls import RemotePath, Where, is_remote
 from ...rules import Normalized, NormalizeOptions, RuleResult, apply_rules
 from ...rules.quantized import MODEL_CONFIG, plain_config
@@ -43,13 +43,14 @@ from ...writers.plan import Destination, check_destination, plan_destination, sa
 from ...writers.provenance import Provenance
 from ...writers.remote import (
     OFF_THE_HUB,
-    Message,
     RemoteDestination,
     check_remote,
     plan_remote,
     write_remote,
 )
 from ...writers.staging import staged_file
+from ...writers.streamed import StreamedCrcs
+from .message import applied, commit_message
 
 if TYPE_CHECKING:
     from model_signing._signing.signing import Signer
@@ -64,6 +65,9 @@ __all__ = ["NormalizeReport", "normalize_file",
 
 _CHUNK = 1 << 22
 METADATA_CHOICES = ("keep", "drop")
+# a remote source's latest bytes kept for a remote DST: what its sha256 catches up with
+# (tensors read out of the file's order), verification asking nothing of them
+KEPT_BEHIND = CATCH_UP
 
 
 @dataclass(frozen=True)
@@ -94,14 +98,6 @@ def _snapshot(files: tuple[Where, ...]) -> list[tuple[int, int, int]]:
     return stats
 
 
-def _applied(results: tuple[RuleResult, ...]) -> dict[str, str]:
-    """What this run's rules changed, rule by rule (a rule may run more than once)."""
-    applied: dict[str, str] = {}
-    for r in (r for r in results if r.changed):
-        applied[r.rule] = f"{applied[r.rule]}; {r.summary}" if r.rule in applied else r.summary
-    return applied
-
-
 def carried_metadata(source: SourceFacts, keep: bool = True) -> dict[str, str]:
     """A safetensors source's own ``__metadata__`` (modelspec, kohya ``ss_*``, notes), for
     safetensors outputs: never ``format`` (always ``pt``) nor a ``ckptport.*`` key, which
@@ -110,33 +106,6 @@ def carried_metadata(source: SourceFacts, keep: bool = True) -> dict[str, str]:
         return {}
     return {key: value for key, value in sorted(source.metadata.items())
             if key != "format" and not key.startswith(KEY_PREFIX) and isinstance(value, str)}
-
-
-def _version(path: RemotePath) -> str:
-    if path.url.scheme == "hf":
-        from ...remote.hub import commit_of
-
-        return f"commit {commit_of(path)}"
-    return f"version {path.opened().version}"
-
-
-def _message(source: Source, remote: RemoteDestination, options: NormalizeOptions | None,
-             results: tuple[RuleResult, ...]) -> Message:
-    """A hub commit's words: what was converted (at which version) and how."""
-    from ..._version import __version__
-    from ...analysis.manifests import options_of
-
-    files = source.files
-    versions = [f"{f} ({_version(f)})" if isinstance(f, RemotePath) else str(f) for f in files]
-    applied = _applied(results)
-    lines = [f"Source: {', '.join(versions[:3])}" + (f" and {len(files) - 3} more"
-                                                     if len(files) > 3 else ""),
-             f"Options: {json.dumps(options_of(options or NormalizeOptions()), sort_keys=True)}",
-             *(f"- {rule}: {summary}" for rule, summary in applied.items()),
-             f"Written and verified bit for bit by ckptport {__version__}."]
-    name = files[0].name if files else "checkpoint"
-    return Message(f"Convert {name} to {remote.local.format.name} with ckptport",
-                   "\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -182,11 +151,20 @@ def _plan(dst: str | os.PathLike[str], to: str | None, max_shard_size: int | str
 def _resolve_source(src: str | os.PathLike[str] | Source, tag: str | None,
                     plan: _Plan) -> Source:
     """``src`` resolved as a source read more than once (hashed, read and verified
-    against): fetched bytes are kept; with a remote shard set as DST, a window of one
-    shard's size (local disk: that and the shard being written)."""
-    with read_more_than_once(plan.remote.local.shard_size if plan.remote is not None
-                             else None):
+    against): fetched bytes are kept; with a remote DST, a window of the latest
+    ``KEPT_BEHIND`` bytes (verified by what was streamed: ``_streamed``), so local disk
+    holds the file being written and little more."""
+    with read_more_than_once(KEPT_BEHIND if plan.remote is not None else None):
         return src if isinstance(src, Source) else resolve(src, tag)
+
+
+def _streamed(plan: _Plan, source: Source) -> StreamedCrcs | None:
+    """A remote source written to a remote DST is verified against the CRC-32 of the bytes
+    the writer streamed: its spool keeps only the latest bytes, and reading the source
+    again would download it again (``writers.streamed``)."""
+    if plan.remote is None or not any(isinstance(f, RemotePath) for f in source.files):
+        return None
+    return StreamedCrcs()
 
 
 def _check_outputs(plan: _Plan, source: Source, manifest: str | os.PathLike[str] | None, *,
@@ -281,7 +259,7 @@ def _provenance(source: Source, checkpoint: Checkpoint, normalized: Normalized,
     kept = carried_metadata(checkpoint.source, keep) if records else {}
     carried = output_metadata(kept, checkpoint.source.metadata, normalized.checkpoint.tree) \
         if records else {}  # torchao's entries made for the output, whatever the source
-    provenance = Provenance(source.files, _applied(normalized.results), carried,
+    provenance = Provenance(source.files, applied(normalized.results), carried,
                             {KEY_MAP_SHA256: recipe.sha256} if recipe else {})
     return provenance, tuple(k for k in kept if k in carried)
 
@@ -393,12 +371,12 @@ def normalize_file(
         anchor=anchor, overwrite=overwrite or hash_name, verify=verify,
         provenance=provenance if records else None, progress=progress,
         precommit=unchanged, dcp_key=dcp_key, jobs=jobs,
-        tap=None if digests is None else digests.tap)
+        tap=None if digests is None else digests.tap, streamed=_streamed(plan, source))
     # -> writer
     written = write_to(normalized.checkpoint, plan.destination, write_options) \
         if plan.remote is None else write_remote(
             normalized.checkpoint, plan.remote, write_options, store,
-            _message(source, plan.remote, options, normalized.results))
+            commit_message(source, plan.remote, options, normalized.results))
     # the after-steps, on the written and verified output
     if config is not None:
         _write_verified(*config)
