@@ -39,8 +39,10 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/ckptport normalize fixtures/ddp_cuda3.pth $(OUT)/model.safetensors --overwrite -q
 	$(PY) -m examples.load_clean fixtures/ddp_cuda3.pth $(OUT)/model.pth $(OUT)/model.safetensors
 
+# bytecode is written even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the
+# tests start about a hundred interpreters on this checkout, and each would compile it anew
 test: $(VENV)/.test-installed
-	$(PY) -m pytest -q
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q
 
 # the release as a user gets it: sdist and wheel built, the wheel installed into a fresh
 # venv (torch first), the README's first walk, the pre-commit hook, docs/ci.md's step

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -98,6 +100,24 @@ def mcore(megatron_saves: Launch | None) -> Path:
         pytest.skip("the test extra's megatron-core is not installed")
     assert megatron_saves is not None
     return megatron_saves.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gptq_oracle(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
+    """GPTQModel, the GPTQ oracle (``tests/gptq_library.py``), imported in its own process
+    when the session starts (it takes seconds), for sessions with a test using
+    ``gptq_library``: that fixture hands it the folders on stdin."""
+    wanted = any("gptq_library" in item.fixturenames for item in request.session.items)
+    if not wanted or find_spec("gptqmodel") is None:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-m", "tests.gptq_library"], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # on the core the tests leave over
+    yield proc
+    proc.kill()
+    proc.communicate()
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,11 @@
 """GPTQModel's own dequantizers over GPTQ model folders: the oracle of ``tests/test_quantized``.
 
-Run as ``python -m tests.gptq_library FOLDER...`` in its own process: importing gptqmodel
-takes seconds and patches safetensors, transformers' GPTQ quantizer and triton for the rest
-of the process, which the test process must not inherit. For each folder (``model.safetensors``
-with one linear ``m`` and a ``config.json`` ``quantization_config``) it writes
-``library.safetensors``:
+Run as ``python -m tests.gptq_library`` in its own process: importing gptqmodel takes
+seconds and patches safetensors, transformers' GPTQ quantizer and triton for the rest of the
+process, which the test process must not inherit. It imports gptqmodel first, then reads
+folders from stdin, one a line, so the test session starts it early (``tests/conftest.py``)
+and hands it the folders once built. For each folder (``model.safetensors`` with one linear
+``m`` and a ``config.json`` ``quantization_config``) it writes ``library.safetensors``:
 
 - ``module``: the weight ``(N, K)`` of gptqmodel's pure-torch ``TorchLinear`` loaded with the
   packs as its loader does (v1 zero points converted to v2 by
@@ -21,15 +22,14 @@ import sys
 from pathlib import Path
 
 import torch
+from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+from gptqmodel.utils.model_dequant import convert_gptq_file
 from safetensors.torch import load_file, save_file
 
 
 def dequantized(folder: Path) -> dict[str, torch.Tensor]:
     """The two weights GPTQModel makes of the folder's packs."""
-    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
-    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
-    from gptqmodel.utils.model_dequant import convert_gptq_file
-
     config = json.loads((folder / "config.json").read_text())["quantization_config"]
     state = load_file(folder / "model.safetensors")
     bits, size = config["bits"], config["group_size"]
@@ -49,5 +49,6 @@ def dequantized(folder: Path) -> dict[str, torch.Tensor]:
 
 
 if __name__ == "__main__":
-    for argument in sys.argv[1:]:
-        save_file(dequantized(Path(argument)), Path(argument) / "library.safetensors")
+    for line in sys.stdin:
+        folder = Path(line.rstrip("\n"))
+        save_file(dequantized(folder), folder / "library.safetensors")

@@ -60,7 +60,9 @@ def flat(x, prefix, out):
         return all([flat(v, f"{prefix}.{i}" if prefix else str(i), out) for i, v in enumerate(x)])
     return x is None or type(x) in (int, float, str, bool, bytes, complex)
 
-for path in sys.argv[1:]:
+views = open(sys.argv[1], "w")
+for line in sys.stdin:  # the files ckptport accepted, each as soon as it did
+    path = line.rstrip("\n")
     try:
         with open(path, "rb") as f:
             head = f.read(9)
@@ -71,9 +73,10 @@ for path in sys.argv[1:]:
             value = torch.load(path, map_location="cpu", weights_only=False)
         out = {}
         plain = flat(value, "", out)
-        print(json.dumps({"path": path, "tensors": out, "plain": plain}), flush=True)
+        record = {"path": path, "tensors": out, "plain": plain}
     except BaseException as exc:
-        print(json.dumps({"path": path, "error": type(exc).__name__}), flush=True)
+        record = {"path": path, "error": type(exc).__name__}
+    print(json.dumps(record), file=views, flush=True)
 """
 
 
@@ -111,16 +114,17 @@ def _candidates(fx: dict[str, Path], corpus: dict[str, Any], valid: dict[str, Pa
     return [p for p in dict.fromkeys(paths) if stat.S_ISREG(p.lstat().st_mode)]
 
 
-def _torch_views(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    if not paths:
-        return {}
-    done = subprocess.run([sys.executable, "-c", _TORCH_VIEW, *map(str, paths)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    views = {}
-    for line in done.stdout.splitlines():
-        record = json.loads(line)
-        views[record["path"]] = record
-    return views
+def _torch_views(into: Path) -> subprocess.Popen[str]:
+    """torch's view of each file written to its stdin, a JSON line each ``into``: started
+    before the first file is accepted, it imports torch while ckptport reads."""
+    return subprocess.Popen([sys.executable, "-c", _TORCH_VIEW, str(into)], text=True,
+                            stdin=subprocess.PIPE)
+
+
+def _read_views(torch_views: subprocess.Popen[str], into: Path) -> dict[str, dict[str, Any]]:
+    torch_views.communicate(timeout=300)
+    records = [json.loads(line) for line in into.read_text().splitlines()]
+    return {record["path"]: record for record in records}
 
 
 # What becomes of every candidate file, by name. A valid file newly refused, a
@@ -392,36 +396,42 @@ class Verdicts:
     code_running: tuple[str, ...]
     refused: dict[str, str]  # name -> the refusal, the file's path left out
     normalize_refused: dict[str, str]
+    torch_views: dict[str, dict[str, Any]]  # str(path) -> what torch loads of an accepted file
 
 
 @pytest.fixture(scope="module")
 def verdicts(fx, corpus, valid, tmp_path_factory) -> Verdicts:
     out_dir = tmp_path_factory.mktemp("agreement")
-    accepted, code_running, refused, normalize_refused = {}, [], {}, {}
-    for index, path in enumerate(_candidates(fx, corpus, valid)):
-        assert path.name not in {*accepted, *code_running, *refused, *normalize_refused}, \
-            f"two candidate files are named {path.name}: the tables go by name"
-        try:
-            strict = open_checkpoint(path)
-        except CkptportError as exc:
-            refused[path.name] = str(exc).replace(str(path), "<path>")
-            continue
-        described = open_checkpoint(path, lenient=True)
-        ours = _ours(strict.tree)
-        assert _ours(described.tree) == ours, f"{path.name}: inspect and read disagree"
-        out = out_dir / f"{index}.pth"
-        options = ckptport.NormalizeOptions(select="all", keep_prefixes=True)
-        try:
-            ckptport.normalize_file(path, out, options)
-        except CkptportError as exc:
-            normalize_refused[path.name] = str(exc)
-            continue
-        if strict.source.refused_globals or strict.source.unproven:
-            code_running.append(path.name)
-            continue
-        accepted[path.name] = Accepted(path, ours, not _has_records(strict.tree), out,
-                                       _numpy_arrays(strict.tree))
-    return Verdicts(accepted, tuple(code_running), refused, normalize_refused)
+    with _torch_views(out_dir / "torch_views.jsonl") as torch_views:  # ended on a failure too
+        accepted, code_running, refused, normalize_refused = {}, [], {}, {}
+        for index, path in enumerate(_candidates(fx, corpus, valid)):
+            assert path.name not in {*accepted, *code_running, *refused, *normalize_refused}, \
+                f"two candidate files are named {path.name}: the tables go by name"
+            try:
+                strict = open_checkpoint(path)
+            except CkptportError as exc:
+                refused[path.name] = str(exc).replace(str(path), "<path>")
+                continue
+            described = open_checkpoint(path, lenient=True)
+            ours = _ours(strict.tree)
+            assert _ours(described.tree) == ours, f"{path.name}: inspect and read disagree"
+            out = out_dir / f"{index}.pth"
+            options = ckptport.NormalizeOptions(select="all", keep_prefixes=True)
+            try:
+                ckptport.normalize_file(path, out, options)
+            except CkptportError as exc:
+                normalize_refused[path.name] = str(exc)
+                continue
+            if strict.source.refused_globals or strict.source.unproven:
+                code_running.append(path.name)
+                continue
+            accepted[path.name] = Accepted(path, ours, not _has_records(strict.tree), out,
+                                           _numpy_arrays(strict.tree))
+            assert torch_views.stdin is not None
+            torch_views.stdin.write(f"{path}\n")
+            torch_views.stdin.flush()
+        views = _read_views(torch_views, out_dir / "torch_views.jsonl")
+    return Verdicts(accepted, tuple(code_running), refused, normalize_refused, views)
 
 
 def _expected_verdicts() -> dict[str, str]:
@@ -467,10 +477,9 @@ def test_normalize_writes_what_inspect_sees(verdicts):
 
 
 def test_torch_loads_what_ckptport_reads(verdicts, sentinel):
-    views = _torch_views([file.path for file in verdicts.accepted.values()])
     compared = []
     for name, file in verdicts.accepted.items():
-        view = views.get(str(file.path))
+        view = verdicts.torch_views.get(str(file.path))
         assert view is not None, f"{name}: the torch subprocess died on it"
         if name in TORCH_CANNOT_LOAD:
             assert view.get("error") == TORCH_CANNOT_LOAD[name], (name, view)

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 STATE = ".quant_state.bitsandbytes__"
 MAX_STATE = 1 << 16  # the JSON of a few fields
 TABLES = {  # bitsandbytes' built-in 4-bit tables (what its CPU kernels use), exactly; FP4's
-    # code 8 is the encoding's negative zero, which bitsandbytes 0.50 gives as -0.0
+    # code 8 is the encoding's negative zero: -0.0 as bitsandbytes' CUDA and scalar CPU
+    # kernels give it (its AVX-512 kernel and pure-torch table give +0.0)
     "nf4": ("-0x1p+0", "-0x1.647362p-1", "-0x1.0cd66p-1", "-0x1.94654p-2", "-0x1.23449ap-2",
             "-0x1.7a6a7ep-3", "-0x1.74f0e2p-4", "0x0p+0", "0x1.45f5fep-4", "0x1.4995c6p-3",
             "0x1.f809bap-3", "0x1.5a0674p-2", "0x1.c3497p-2", "0x1.200f56p-1", "0x1.722766p-1",
