@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from fixtures.servers import ObjectServer
+from tests.helpers import same_bits
 
 RATE = 40e6  # bytes per second per connection: a 2 MiB range takes ~50 ms
 
@@ -89,3 +90,34 @@ def test_connections_must_be_positive(run, monkeypatch):
     result = run("inspect", "https://127.0.0.1:1/x.pth")
     assert result.exit_code == 2
     assert "CKPTPORT_REMOTE_CONNECTIONS='many'" in result.stderr
+
+
+def test_small_tensors_are_fetched_in_whole_pieces(tmp_path, run):
+    """A writer reading many small tensors one after another (biases, norms) moves the
+    read-ahead window a few bytes at a time: it is topped up a whole piece at a time, so the
+    requests stay a few per ``AHEAD_PIECE`` of the file, not one per tensor."""
+    from ckptport.remote.objects import AHEAD_PIECE
+
+    g = torch.Generator().manual_seed(11)
+    state = {}
+    for i in range(150):
+        state[f"l{i:03d}.bias"] = torch.randn(1024, generator=g)       # 4 KiB
+        state[f"l{i:03d}.weight"] = torch.randn(64, 256, generator=g)  # 64 KiB
+    path = tmp_path / "model.safetensors"
+    save_file(state, path)
+    served = ObjectServer()
+    served.objects["/model.safetensors"] = path
+    try:
+        out = tmp_path / "out.safetensors"
+        # one connection: a read-ahead window of 4 MiB, well within the file's 10 MiB
+        result = run("--connections", 1, "normalize", served.url + "/model.safetensors", out,
+                     "-q")
+        assert result.exit_code == 0, result.stderr
+        requests = served.stats.requests
+    finally:
+        served.close()
+    written = load_file(out)
+    assert list(written) == list(state)
+    assert all(same_bits(written[k], v) for k, v in state.items())
+    # the file's pieces, and a few more: its header, its tail, a hash's catch-up
+    assert requests <= path.stat().st_size // AHEAD_PIECE + 12, requests

@@ -386,6 +386,19 @@ def test_a_bounded_spool_drops_the_oldest_and_never_reads_a_hole():
     spool.close()
 
 
+def test_parts_keep_every_connection_busy_in_few_requests(monkeypatch):
+    """A part per connection (each one request to send, copy and complete), of 16 to 64
+    MiB, and never more than S3's 10,000 parts."""
+    mib = 1 << 20
+    monkeypatch.setattr(upload, "PART_SIZE", 16 * mib)  # the default, not this file's 5 MiB
+    assert upload.part_size(243_537_760, 8) == 30 * mib       # 8 parts of a 250 MB shard
+    assert upload.part_size(10 * mib, 8) == 16 * mib          # one part: the least part
+    assert upload.part_size(5 << 30, 8) == 64 * mib           # 80 parts, the largest
+    huge = 1 << 40
+    assert -(-huge // upload.part_size(huge, 8)) <= upload.MAX_PARTS
+    assert upload.part_size(243_537_760, 1) == 64 * mib
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("s3://missing-bucket/x.pth",), "s3://missing-bucket/x.pth: no such bucket 'missing-bucket'"),
     ((f"s3://{BUCKET}/x.unknown",), "cannot tell the output format"),

@@ -86,6 +86,9 @@ class Backend(Protocol):
     version: str  # the pinned ETag / version id / commit, compared by ``changed``
     # the least one request of a split read or a read-ahead fetches (``RANGE``; S3: 8 MiB)
     least: int
+    # what one read-ahead request fetches (``RANGE``; S3: 16 MiB): the read-ahead's window
+    # stays two ``least`` per connection, in fewer, larger requests where each costs more
+    piece: int
 
     def fetch_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` from ``offset`` of the pinned version (retried; errors named)."""

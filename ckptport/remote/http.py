@@ -79,7 +79,7 @@ class HttpObject:
         self.size = -1
         self.size, self.etag, self.location = retrying(self._pin, path, transfers)
         self.version = self.etag or f"size:{self.size}"
-        self.least = RANGE
+        self.least = self.piece = RANGE
         meter.add(0, requests=0, objects=1)
 
     def _attempt(self, ends: float, work: Callable[[], T]) -> T:

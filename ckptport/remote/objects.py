@@ -103,12 +103,14 @@ class RemoteFile(SourceFile):
         self._planned = 0
         self.connections = path.transfers.connections
         self.split = max(SPLIT_MIN, backend.least)  # a split read's ranges are at least this
-        self.ahead = max(AHEAD_PIECE, backend.least)  # what one prefetch request fetches
+        self.ahead = max(AHEAD_PIECE, backend.piece)  # what one prefetch request fetches
+        # what the prefetch holds ahead of a reader: two ``least`` ranges per connection
+        self.window = 2 * self.connections * max(AHEAD_PIECE, backend.least)
         keep = path.pins.get(KEEP_FETCHED)
         # a window of ``keep`` bytes holds that much behind the reader: the prefetch's
         # bytes ahead of it come on top (else they push out what is read again)
         self.spool = Spool.for_size(backend.size, None if keep is True else
-                                    keep + 2 * self.connections * self.ahead) if keep else None
+                                    keep + self.window) if keep else None
         self._pool: ThreadPoolExecutor | None = None  # the connections' threads
         self._stuck = False  # a range outlived the command's deadline
         # told of every read (its offset, its bytes) once they are in: ``readhash``
@@ -170,8 +172,9 @@ class RemoteFile(SourceFile):
     def _prefetch(self, offset: int, n: int) -> None:
         """Fetch a sequential reader's next bytes while it works on these (spool only: they
         land there), so the network overlaps writing and hashing: a window of two
-        ``AHEAD_PIECE`` ranges per connection, each fetched by one of ``connections``
-        threads and claimed on its own (the reader waits only for the pieces it reads). A
+        ``least`` ranges per connection (``window``) in pieces of ``ahead``, each fetched by
+        one of ``connections`` threads and claimed on its own (the reader waits only for the
+        pieces it reads). A
         thread is taken as reading sequentially once a read starts where its previous one
         ended; with a plan (``expect``), the next bytes are the plan's."""
         if self.spool is not None and self._plan:
@@ -183,7 +186,7 @@ class RemoteFile(SourceFile):
         self._ahead.end = start = offset + n
         if self.spool is None or not streaming or n < PREFETCH_MIN or start >= self.size:
             return
-        stop = min(self.size, start + max(n, 2 * self.connections * self.ahead))
+        stop = min(self.size, start + max(n, self.window))
         with self._ahead_lock:
             if self._ahead_pool is None:
                 self._ahead_pool = ThreadPoolExecutor(self.connections,
@@ -198,7 +201,7 @@ class RemoteFile(SourceFile):
     def _prefetch_planned(self, end: int) -> None:
         """Queue the plan's next window after a read ending at ``end`` (a read outside the
         plan queues nothing). Positions along the plan count its bytes from its start."""
-        window = 2 * self.connections * self.ahead
+        window = self.window
         with self._ahead_lock:
             plan, before = self._plan, self._plan_before
             # the range this read ended in: the reader goes along the plan (not the file)
@@ -212,10 +215,14 @@ class RemoteFile(SourceFile):
             if self._ahead_pool is None:
                 self._ahead_pool = ThreadPoolExecutor(self.connections,
                                                       thread_name_prefix="ckptport-ahead")
-            while at < min(here + window, before[-1]):
+            # the window is topped up a whole piece at a time (or to the plan's end): a
+            # reader going through small tensors would otherwise queue a request of each
+            # one's few bytes (S3 asks for 8 MiB a request; moto copies the whole object)
+            limit = min(here + window, before[-1])
+            while at < limit and (limit - at >= self.ahead or limit == before[-1]):
                 k = bisect.bisect_right(before, at) - 1
                 start = plan[k][0] + at - before[k]
-                stop = min(plan[k][1], start + self.ahead, start + here + window - at)
+                stop = min(plan[k][1], start + self.ahead, start + limit - at)
                 self._ahead_pool.submit(self._fetch_ahead, start, stop)
                 at += stop - start
             self._planned = at

@@ -44,11 +44,11 @@ class Body(Protocol):
 
 
 _lock = threading.Lock()
-# the least one request fetches of a split read or a read-ahead: AWS's performance guidance
-# for ranged GETs (8-16 MB), and boto3's own download chunk; each GET costs a request fee
-# and a first-byte latency, and a store that reads the whole object per range (moto) pays
-# that per request
+# the least one request fetches of a split read: AWS's performance guidance for ranged GETs
+# (8-16 MB), and boto3's own download chunk; each GET costs a request fee and a first-byte
+# latency, and a store that reads the whole object per range (moto) pays that per request
 LEAST = 8 << 20
+AHEAD = 16 << 20  # a read-ahead request: the top of that guidance (a window of fewer requests)
 
 
 @functools.cache
@@ -102,7 +102,7 @@ class S3Object:
         self.etag: str = head.get("ETag", "")
         self.version_id: str | None = head.get("VersionId")
         self.version = self.version_id or self.etag
-        self.least = LEAST
+        self.least, self.piece = LEAST, AHEAD
         meter.add(0, objects=1)
 
     def _call(self, operation: str, ends: float, **extra: object) -> Answer:

@@ -63,12 +63,16 @@ __all__ = ["S3Store", "Staged", "Part", "LateBytes", "multipart_etag", "part_siz
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 HEADS_IN_MEMORY = 64 << 20  # the first parts held back, beyond this on local disk
 MAX_PARTS = 10_000
-PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))
+PART_SIZE = int(os.environ.get("CKPTPORT_S3_PART_SIZE", str(16 << 20)))  # the least part
+LARGEST_PART = 64 << 20  # parts grow to keep every connection busy, up to this
 TEMP_SUFFIX = ".ckptport-tmp"
 
-def part_size(size: int) -> int:
-    """``PART_SIZE``, grown (by MiB) where the object would need more than 10,000 parts."""
-    wanted = max(MIN_PART, PART_SIZE, -(-size // MAX_PARTS))
+def part_size(size: int, connections: int) -> int:
+    """A part per connection, of ``PART_SIZE`` to ``LARGEST_PART`` (by MiB), larger only
+    where the object would need more than 10,000 parts. Fewer parts mean fewer requests
+    to send, copy and complete (a part retried costs its bytes again: hence the bound)."""
+    shared = min(LARGEST_PART, -(-size // max(1, connections)))
+    wanted = max(MIN_PART, PART_SIZE, shared, -(-size // MAX_PARTS))
     return -(-wanted // (1 << 20)) * (1 << 20)
 
 
@@ -211,7 +215,8 @@ class S3Store:
         where = self.where(name)
         key = f"{self.folder}.{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
         size = local.stat().st_size
-        spans = _ranges(size, part_size(size), 0 if late is None else late.offset + late.length)
+        spans = _ranges(size, part_size(size, self.connections),
+                        0 if late is None else late.offset + late.length)
         with open(local, "rb") as file:
             fd = file.fileno()
             upload = self._call("create_multipart_upload", where, Key=key)["UploadId"]
