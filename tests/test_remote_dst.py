@@ -133,16 +133,19 @@ def test_remote_source_to_remote_destination(bucket, source, run, tmp_path):
     assert same.exit_code == 2 and "is the source" in same.stderr
 
 
+@pytest.mark.parametrize("connections", [8, 1])
 def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, tmp_path,
-                                                            monkeypatch):
+                                                            monkeypatch, connections):
     """A remote shard set from a remote source: the source's spool holds at most the
     latest ``KEPT_BEHIND`` bytes behind the reader and the prefetch's window ahead of it,
     in memory (the oldest ranges are dropped and fetched again when read again); the set
-    is the local conversion's, bit for bit."""
+    is the local conversion's, bit for bit. The window is two ranges per connection, and
+    two read-ahead requests at least (one connection: 2 x 16 MiB, not 2 x 8)."""
     from ckptport.remote import objects
-    from ckptport.remote.s3 import LEAST
+    from ckptport.remote.s3 import AHEAD, LEAST
 
-    window = 2 * 8 * max(objects.AHEAD_PIECE, LEAST)  # 8: the default connections
+    window = max(2 * connections * max(objects.AHEAD_PIECE, LEAST), 2 * AHEAD)
+    assert window == {8: 128 << 20, 1: 32 << 20}[connections]
 
     assert run("normalize", source, f"s3://{BUCKET}/a/model.pth", "-q").exit_code == 0
     most = [0]
@@ -157,8 +160,8 @@ def test_remote_to_remote_set_keeps_a_window_of_the_source(bucket, source, run, 
     behind = 1 << 20
     monkeypatch.setattr(objects.Spool, "keep", counting)
     monkeypatch.setattr("ckptport.commands.normalize.file.KEPT_BEHIND", behind)
-    result = run("normalize", f"s3://{BUCKET}/a/model.pth", f"s3://{BUCKET}/set/",
-                 "--max-shard-size", "5MB", "-q")
+    result = run("--connections", connections, "normalize", f"s3://{BUCKET}/a/model.pth",
+                 f"s3://{BUCKET}/set/", "--max-shard-size", "5MB", "-q")
     assert result.exit_code == 0, result.stderr
     assert 0 < most[0] <= behind + window
     (tmp_path / "model.pth").write_bytes(_get(bucket, "a/model.pth"))
@@ -213,6 +216,7 @@ def small_window(monkeypatch: pytest.MonkeyPatch) -> int:
     from ckptport.remote import objects, s3
 
     monkeypatch.setattr(s3, "LEAST", 1 << 20)
+    monkeypatch.setattr(s3, "AHEAD", 1 << 20)
     monkeypatch.setattr(objects, "AHEAD_PIECE", 1 << 20)
     monkeypatch.setattr("ckptport.commands.normalize.file.KEPT_BEHIND", 1 << 20)
     return 3 << 20

@@ -104,8 +104,10 @@ class RemoteFile(SourceFile):
         self.connections = path.transfers.connections
         self.split = max(SPLIT_MIN, backend.least)  # a split read's ranges are at least this
         self.ahead = max(AHEAD_PIECE, backend.piece)  # what one prefetch request fetches
-        # what the prefetch holds ahead of a reader: two ``least`` ranges per connection
-        self.window = 2 * self.connections * max(AHEAD_PIECE, backend.least)
+        # what the prefetch holds ahead of a reader: two ``least`` ranges per connection,
+        # and two of its requests at least (one connection: one fetched while one is read)
+        self.window = max(2 * self.connections * max(AHEAD_PIECE, backend.least),
+                          2 * self.ahead)
         keep = path.pins.get(KEEP_FETCHED)
         # a window of ``keep`` bytes holds that much behind the reader: the prefetch's
         # bytes ahead of it come on top (else they push out what is read again)
