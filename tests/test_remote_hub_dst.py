@@ -1,6 +1,8 @@
 """``hf://`` destinations against the test hub server (``fixtures.servers``), spoken to by
 huggingface_hub 2.x itself: preupload, the LFS batch API (basic transfer, verify) and the
-NDJSON commit, with ``HF_HUB_DISABLE_XET`` so files go by LFS.
+NDJSON commit, with ``HF_HUB_DISABLE_XET`` so files go by LFS; and by Xet (``xet_hub``:
+huggingface_hub's default once ``hf_xet`` is installed), ``hf_xet`` uploading xorbs and a
+shard to the hub's CAS routes, from which the hub rebuilds each file (``fixtures.xet``).
 
 Every output lands in one commit (or one pull request) holding exactly what a local
 ``normalize`` writes; a refusal or a fault (no such repository or branch, a token without
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from fixtures.servers import HubRepo, ObjectServer
+from fixtures.servers import XET_TOKEN, HubRepo, ObjectServer
 
 TOKEN = "hf_writetoken456"
 REPO = "org/dst"
@@ -81,7 +83,10 @@ def test_a_file_is_one_commit_naming_its_source(hub, source, run, tmp_path):
     assert _commits(hub) == 2
 
 
-def test_a_shard_set_is_one_commit_or_one_pull_request(hub, source, run, tmp_path):
+@pytest.mark.parametrize("transport", ["lfs", "xet"])
+def test_a_shard_set_is_one_commit_or_one_pull_request(request, source, run, tmp_path,
+                                                       transport):
+    hub = request.getfixturevalue("hub" if transport == "lfs" else "xet_hub")
     assert run("normalize", source, tmp_path / "set", "--max-shard-size", "3MB",
                "-q").exit_code == 0
     local = {p.name: p.read_bytes() for p in (tmp_path / "set").iterdir()}
@@ -126,15 +131,18 @@ def _move_branch(hub: ObjectServer) -> None:
     (lambda hub: hub.faults.__setitem__("reject_upload", -1), "the hub refused"),
     (lambda hub: hub.repos.pop(REPO) and hub.repos.__setitem__("org/other", HubRepo({})),
      "no such repository 'org/dst'"),
-], ids=["read-only-token", "lfs-upload-fails", "no-repository"])
-def test_a_failure_commits_nothing(hub, source, run, setup, message):
+], ids=["read-only-token", "upload-fails", "no-repository"])
+@pytest.mark.parametrize("transport", ["lfs", "xet"])
+def test_a_failure_commits_nothing(request, source, run, setup, message, transport):
+    """By LFS and by Xet (the upload refused: an LFS object, or the CAS's xorbs)."""
+    hub = request.getfixturevalue("hub" if transport == "lfs" else "xet_hub")
     saved = hub.repos.get(REPO)
     setup(hub)
     result = run("normalize", source, f"hf://{REPO}/m.safetensors", "-q")
     assert result.exit_code == 2
     line = result.stderr.strip()
     assert line.startswith(f"ckptport: error: hf://{REPO}/m.safetensors: ") and "\n" not in line
-    assert message in line and TOKEN not in line
+    assert message in line and TOKEN not in line and XET_TOKEN not in line
     if REPO in hub.repos:
         assert _commits(hub) == 1
     else:
@@ -217,3 +225,43 @@ def test_folder_mode_into_a_hub_repository_is_one_commit(hub, run, tmp_path, mon
     assert "not committed" in failed.stdout and "other/a/one.safetensors" not in _files(hub)
     split = run("normalize", zoo, f"hf://{REPO}", *args, "--part", "1/2")
     assert split.exit_code == 2 and "one commit of the whole folder" in split.stderr
+
+
+@pytest.fixture(scope="module")
+def xet_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """hf_xet's cache and logs in the session's folder, not the user's: its one session per
+    process remembers, in its shard cache, which chunks were uploaded to ``http://127.0.0.1``
+    (any port), and would not send them to this run's server again."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("xet")
+        patch.setenv("HF_XET_CACHE", str(folder / "cache"))
+        patch.setenv("HF_XET_LOG_DEST", str(folder / "logs"))
+        patch.setenv("HF_XET_TELEMETRY_ENABLED", "0")
+        yield
+
+
+@pytest.fixture
+def xet_hub(hub: ObjectServer, monkeypatch: pytest.MonkeyPatch, xet_cache: None) -> ObjectServer:
+    """The test hub with huggingface_hub's default upload path: through ``hf_xet`` (every
+    LFS file once it is installed), to the hub's CAS routes (``fixtures.xet``), which keep
+    the xorbs for the module, as a CAS keeps them."""
+    pytest.importorskip("hf_xet")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)
+    return hub
+
+
+def test_a_set_through_xet_is_one_commit_of_what_hf_xet_sent(xet_hub, source, run, tmp_path):
+    """The files go up as Xet xorbs and a shard; the hub rebuilds each file from them, and
+    ckptport's read-back of the commit compares those bytes with what it wrote."""
+    assert run("normalize", source, tmp_path / "set", "--max-shard-size", "3MB",
+               "-q").exit_code == 0
+    result = run("normalize", source, f"hf://{REPO}/set/", "--max-shard-size", "3MB", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""  # hf_xet's own progress reports kept off ckptport's stderr
+    files = _files(xet_hub)
+    local = {f"set/{p.name}": p.read_bytes() for p in (tmp_path / "set").iterdir()}
+    assert {k: v for k, v in files.items() if k.startswith("set/")} == local
+    assert xet_hub.xorbs and _commits(xet_hub) == 2
+    assert xet_hub.stats.by_path["/cas/v1/shards"] >= 1

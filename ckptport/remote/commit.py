@@ -24,8 +24,11 @@ forces LFS).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +55,23 @@ class Uploaded:
     operation: CommitOperationAdd  # uploaded (LFS) or inline, for the commit that names it
     sha256: str
     size: int
+
+
+@contextlib.contextmanager
+def _no_bars(hub: Any) -> Iterator[None]:  # Any: the huggingface_hub module (hub._hub)
+    """huggingface_hub's own progress bars (hf_xet's upload and hashing reports among them)
+    off while it works for ckptport: stderr carries ckptport's progress and its one line."""
+    utils = hub.utils
+    shown = not utils.are_progress_bars_disabled()
+    if shown:
+        with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 keeps them: so be it
+            warnings.simplefilter("ignore")
+            utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            utils.enable_progress_bars()
 
 
 class HubStore:
@@ -96,7 +116,8 @@ class HubStore:
     # Any: an HfApi method's own answer (RepoInfo, CommitInfo, None), read by the caller
     def _call(self, operation: str, **params: object) -> Any:
         try:
-            return getattr(self.api, operation)(**params)
+            with _no_bars(self.hub):
+                return getattr(self.api, operation)(**params)
         except CkptportError:
             raise
         except Exception as exc:  # the library's errors, one line each
