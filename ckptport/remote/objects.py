@@ -176,9 +176,8 @@ class RemoteFile(SourceFile):
         land there), so the network overlaps writing and hashing: a window of two
         ``least`` ranges per connection (``window``) in pieces of ``ahead``, each fetched by
         one of ``connections`` threads and claimed on its own (the reader waits only for the
-        pieces it reads). A
-        thread is taken as reading sequentially once a read starts where its previous one
-        ended; with a plan (``expect``), the next bytes are the plan's."""
+        pieces it reads). A thread is taken as reading sequentially once a read starts where
+        its previous one ended; with a plan (``expect``), the next bytes are the plan's."""
         if self.spool is not None and self._plan:
             self._prefetch_planned(offset + n)
             return
