@@ -255,11 +255,15 @@ def xet_hub(hub: ObjectServer, monkeypatch: pytest.MonkeyPatch, xet_cache: None)
 def test_a_set_through_xet_is_one_commit_of_what_hf_xet_sent(xet_hub, source, run, tmp_path):
     """The files go up as Xet xorbs and a shard; the hub rebuilds each file from them, and
     ckptport's read-back of the commit compares those bytes with what it wrote."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
     assert run("normalize", source, tmp_path / "set", "--max-shard-size", "3MB",
                "-q").exit_code == 0
+    bars = are_progress_bars_disabled()
     result = run("normalize", source, f"hf://{REPO}/set/", "--max-shard-size", "3MB", "-q")
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""  # hf_xet's own progress reports kept off ckptport's stderr
+    assert are_progress_bars_disabled() == bars  # and the library's setting given back
     files = _files(xet_hub)
     local = {f"set/{p.name}": p.read_bytes() for p in (tmp_path / "set").iterdir()}
     assert {k: v for k, v in files.items() if k.startswith("set/")} == local

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,21 +58,30 @@ class Uploaded:
     size: int
 
 
+_bars_lock = threading.Lock()
+_bars_held = [0, False]  # calls under way (a folder's jobs run in threads), bars shown before
+
+
 @contextlib.contextmanager
 def _no_bars(hub: Any) -> Iterator[None]:  # Any: the huggingface_hub module (hub._hub)
     """huggingface_hub's own progress bars (hf_xet's upload and hashing reports among them)
-    off while it works for ckptport: stderr carries ckptport's progress and its one line."""
+    off while it works for ckptport: stderr carries ckptport's progress and its one line.
+    Turned off by the first call under way, back on (if they were on) after the last."""
     utils = hub.utils
-    shown = not utils.are_progress_bars_disabled()
-    if shown:
-        with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 keeps them: so be it
-            warnings.simplefilter("ignore")
-            utils.disable_progress_bars()
+    with _bars_lock:
+        if _bars_held[0] == 0:
+            _bars_held[1] = not utils.are_progress_bars_disabled()
+            with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 keeps them
+                warnings.simplefilter("ignore")
+                utils.disable_progress_bars()
+        _bars_held[0] += 1
     try:
         yield
     finally:
-        if shown:
-            utils.enable_progress_bars()
+        with _bars_lock:
+            _bars_held[0] -= 1
+            if _bars_held[0] == 0 and _bars_held[1]:
+                utils.enable_progress_bars()
 
 
 class HubStore:
